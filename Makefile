@@ -1,0 +1,45 @@
+# The two commands a newcomer needs: `make run` and `make test`. Everything else is a helper they call.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DATA   ?= var/data
+PORT   ?= 8080
+MOCK_PORT ?= 8001
+
+.PHONY: run test venv native lint typecheck unit bench clean system-deps
+
+$(STAMP): pyproject.toml setup.py native/*.c native/*.h native/_ffi_build.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python setup.py -q build_ext --inplace
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+native: $(STAMP)
+	$(BIN)/python setup.py -q build_ext --inplace
+
+# Debian packages the test suite drives for real (installed only when missing).
+system-deps:
+	@./scripts/system-deps.sh
+
+run: venv
+	./scripts/run-demo.sh $(PORT) $(MOCK_PORT) $(DATA)
+
+lint: venv
+	$(BIN)/ruff check gateway tests perf
+	$(BIN)/ruff format --check gateway tests perf
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv system-deps lint typecheck
+	./scripts/run-tests.sh
+
+bench: venv system-deps
+	$(BIN)/python -m perf.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info gateway/_gateway_native* var

@@ -1,0 +1,81 @@
+"""Runtime settings of one gateway host: where it listens, how many workers, where its data lives.
+
+``Settings`` is a frozen value built from CLI flags and ``GATEWAY_*`` environment variables; building it
+does no I/O. ``load_hash_key`` is the one function here that touches the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Settings", "load_hash_key"]
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return int(raw) if raw else default
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    role: str = "all"  # all | proxy | control
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 8081
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    data_dir: Path = Path("var/data")
+    config_file: Path | None = None
+    database: str | None = None  # None: SQLite file under data_dir
+    grace_period: float = 30.0  # seconds SIGTERM waits for in-flight requests and streams
+    max_body_bytes: int = 32 * 1024 * 1024
+    snapshot_poll_interval: float = 0.1  # how often a worker checks the published generation
+    revision_poll_interval: float = 0.25  # how often the control worker checks the store's revision
+    snapshot_segment_bytes: int = field(default_factory=lambda: _env_int("GATEWAY_SNAPSHOT_BYTES", 64 << 20))
+    backpressure: int = 4096  # concurrent connections per worker granian accepts
+    log_level: str = "info"
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "gateway.sqlite3"
+
+    @property
+    def database_url(self) -> str:
+        return self.database or f"sqlite:///{self.sqlite_path}"
+
+    @property
+    def run_dir(self) -> Path:
+        """Where the supervisor keeps its pid and state files for ``gateway status``."""
+        return self.data_dir / "run"
+
+
+def load_hash_key(data_dir: Path) -> bytes:
+    """The 32-byte key for hashing API keys.
+
+    ``GATEWAY_HASH_KEY`` (64 hex chars) wins, so that every host of a cluster can share one; otherwise a
+    key is created once under the data directory, readable by its owner only.
+    """
+    raw = os.environ.get("GATEWAY_HASH_KEY")
+    if raw:
+        key = bytes.fromhex(raw)
+        if len(key) != 32:
+            raise ValueError("GATEWAY_HASH_KEY must be 64 hex characters (32 bytes)")
+        return key
+    path = data_dir / "hash.key"
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_bytes(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, key)
+        finally:
+            os.close(fd)
+        return key
+    if len(key) != 32:
+        raise ValueError(f"{path} must hold exactly 32 bytes")
+    return key

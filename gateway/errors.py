@@ -1,0 +1,115 @@
+"""The one error hierarchy. Every error the gateway itself produces knows its HTTP status, its code, and
+how to render itself in the OpenAI and Anthropic envelopes. No I/O here."""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = [
+    "BadRequest",
+    "BudgetExceeded",
+    "ConfigError",
+    "Forbidden",
+    "GatewayError",
+    "NotFound",
+    "PayloadTooLarge",
+    "RateLimited",
+    "ServiceUnavailable",
+    "Unauthorized",
+    "UpstreamUnavailable",
+]
+
+
+class GatewayError(Exception):
+    """Base class. Subclasses pin ``status``, ``code`` and the two envelopes' type names."""
+
+    status: int = 500
+    code: str = "internal_error"
+    openai_type: str = "server_error"
+    anthropic_type: str = "api_error"
+
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers: dict[str, str] = headers or {}
+
+    def openai_body(self) -> bytes:
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": self.openai_type, "param": self.param, "code": self.code}}
+        )
+
+    def anthropic_body(self) -> bytes:
+        return orjson.dumps({"type": "error", "error": {"type": self.anthropic_type, "message": self.message}})
+
+
+class BadRequest(GatewayError):
+    status = 400
+    code = "invalid_request"
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    code = "invalid_api_key"
+    openai_type = "authentication_error"
+    anthropic_type = "authentication_error"
+
+
+class BudgetExceeded(GatewayError):
+    status = 402
+    code = "budget_exceeded"
+    openai_type = "insufficient_quota"
+    anthropic_type = "billing_error"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    code = "model_not_allowed"
+    openai_type = "permission_error"
+    anthropic_type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    code = "model_not_found"
+    openai_type = "invalid_request_error"
+    anthropic_type = "not_found_error"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    code = "request_too_large"
+    openai_type = "invalid_request_error"
+    anthropic_type = "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status = 429
+    code = "rate_limit_exceeded"
+    openai_type = "rate_limit_error"
+    anthropic_type = "rate_limit_error"
+
+
+class UpstreamUnavailable(GatewayError):
+    """Every target failed without an HTTP answer (connect errors, timeouts before the first byte)."""
+
+    status = 502
+    code = "upstream_unavailable"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    code = "service_unavailable"
+    openai_type = "server_error"
+    anthropic_type = "overloaded_error"
+
+
+class ConfigError(GatewayError):
+    """A configuration document or CLI argument is invalid. Never reaches a client."""
+
+    status = 400
+    code = "invalid_config"
