@@ -1,0 +1,211 @@
+"""The RSGI application of one proxy worker, and the request path itself.
+
+Per request: read the body (bounded), authenticate the key (one keyed hash, one dict lookup, an expiry
+check), resolve the model (404 for everyone, before authorisation), authorise the name the caller used
+(one set lookup), forward. The snapshot reference is read once per request, so a request sees one
+consistent generation even if a new one lands meanwhile. I/O: the client connection and the upstream
+call; a background task re-reads the shared snapshot segment when its generation moves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+from urllib.parse import unquote_plus
+
+import orjson
+
+from gateway.config import Settings
+from gateway.dataplane.forward import Forwarder, RelayAborted
+from gateway.dataplane.upstream import HOP_BY_HOP, make_session
+from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from gateway.keys import hash_secret
+from gateway.protocol.openai_request import RequestInfo, inspect_json, inspect_multipart
+from gateway.shm.snapshot_slot import SnapshotReader
+from gateway.snapshot import KeyEntry, Snapshot
+
+__all__ = ["ProxyApp"]
+
+log = logging.getLogger("gateway.dataplane")
+
+_JSON = [("content-type", "application/json")]
+# Never forwarded upstream: the client's credentials, connection-level headers, and Accept-Encoding
+# (bytes must arrive uncompressed so usage can be read from them).
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+_NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+
+
+class ProxyApp:
+    def __init__(self, settings: Settings, hash_key: bytes, reader: SnapshotReader | None) -> None:
+        self.settings = settings
+        self.hash_key = hash_key
+        self.reader = reader
+        self.snapshot = Snapshot.empty()
+        self.draining = False
+        self.forwarder: Forwarder | None = None
+        self._models_cache: dict[str, bytes] = {}
+        self._follow_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle (called by granian on the worker's loop) --------------------------------------
+    def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.refresh_snapshot()
+        self.forwarder = Forwarder(make_session())
+        self._follow_task = loop.create_task(self._follow_snapshots())
+
+    def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._follow_task is not None:
+            self._follow_task.cancel()
+        if self.forwarder is not None:
+            loop.create_task(self.forwarder.session.close())
+
+    def refresh_snapshot(self) -> bool:
+        """Swap in the published snapshot if its generation moved. Never raises on a bad document."""
+        if self.reader is None or self.reader.generation() == self.snapshot.generation:
+            return False
+        got = self.reader.read()
+        if got is None:
+            return False
+        generation, blob = got
+        try:
+            snap = Snapshot.decode(blob, generation)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("ignoring undecodable snapshot generation %d: %s", generation, exc)
+            return False
+        self.snapshot = snap
+        self._models_cache = {}
+        return True
+
+    async def _follow_snapshots(self) -> None:
+        interval = self.settings.snapshot_poll_interval
+        while True:
+            await asyncio.sleep(interval)
+            self.refresh_snapshot()
+
+    # -- dispatch ----------------------------------------------------------------------------------
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        path: str = scope.path
+        if path.startswith("/v1/"):
+            try:
+                await self.handle_v1(scope, proto, path)
+            except GatewayError as exc:
+                proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), exc.openai_body())
+            except RelayAborted as exc:
+                log.warning("%s", exc)
+                raise
+            return
+        if path == "/healthz":
+            snap = self.snapshot
+            body = {"status": "ok" if snap.generation else "starting", "generation": snap.generation,
+                    "revision": snap.revision, "control_plane": "ok"}
+            proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
+        elif path == "/readyz":
+            ready = not self.draining and self.snapshot.generation > 0
+            proto.response_bytes(200 if ready else 503, _JSON, b'{"ready":true}' if ready else b'{"ready":false}')
+        else:
+            err = NotFound(f"no route for {path}")
+            err.code = "not_found"
+            proto.response_bytes(404, _JSON, err.openai_body())
+
+    # -- the request path ---------------------------------------------------------------------------
+    async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:
+        snap = self.snapshot
+        headers = scope.headers
+        key = self.authenticate(snap, headers.get("authorization"))
+        method: str = scope.method
+        if path == "/v1/models" and method == "GET":
+            proto.response_bytes(200, _JSON, self.models_body(snap, key))
+            return
+        body = await self.read_body(proto, headers.get("content-length"))
+        info = self.inspect(body, headers.get("content-type") or "", method, scope.query_string)
+        route = snap.routes.get(info.model)
+        if route is None:
+            raise NotFound(f"The model `{info.model}` does not exist", param="model")
+        if not key.principal.may_use(info.model):
+            raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
+        qs = scope.query_string
+        path_qs = path + "?" + qs if qs else path
+        await self.run_guarded(proto, self.forwarder_or_fail().forward(
+            proto, method, path_qs, forwarded, body, info, route))
+
+    def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
+        if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
+            raise Unauthorized("Missing API key: send it as `Authorization: Bearer <key>`")
+        entry = snap.keys.get(hash_secret(authorization[7:].strip(), self.hash_key))
+        if entry is None:
+            raise Unauthorized("Incorrect API key provided")
+        if entry.expires_at is not None and entry.expires_at <= time.time():
+            raise Unauthorized("This API key has expired")
+        return entry
+
+    async def read_body(self, proto: Any, content_length: str | None) -> bytes:
+        limit = self.settings.max_body_bytes
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                raise BadRequest("invalid Content-Length header") from None
+            if declared > limit:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
+            body: bytes = await proto()
+            return body
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in proto:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    @staticmethod
+    def inspect(body: bytes, content_type: str, method: str, query: str) -> RequestInfo:
+        if content_type.startswith("multipart/form-data"):
+            return inspect_multipart(body, content_type)
+        if not body and method in _NO_BODY_METHODS:
+            # Bodiless calls to other /v1/* suffixes name their model in the query string.
+            for pair in query.split("&"):
+                name, _, value = pair.partition("=")
+                if name == "model" and value:
+                    return RequestInfo(unquote_plus(value), False, False, None, None)
+            raise BadRequest("you must provide a model parameter", param="model")
+        return inspect_json(body)
+
+    def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
+        principal = key.principal
+        cached = self._models_cache.get(principal.id)
+        if cached is None:
+            names = sorted(n for n in snap.routes if principal.may_use(n))
+            data = [{"id": n, "object": "model", "created": int(snap.built_at), "owned_by": "gateway"}
+                    for n in names]
+            cached = orjson.dumps({"object": "list", "data": data})
+            self._models_cache[principal.id] = cached
+        return cached
+
+    def forwarder_or_fail(self) -> Forwarder:
+        if self.forwarder is None:
+            raise GatewayError("worker is not initialised")
+        return self.forwarder
+
+    async def run_guarded(self, proto: Any, work: Any) -> None:
+        """Run ``work`` but cancel it when the client goes away, so the upstream request is cancelled too."""
+        task = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            await proto.client_disconnect()
+            gone = True
+            if task is not None:
+                task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+        finally:
+            watcher.cancel()

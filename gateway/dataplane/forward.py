@@ -1,0 +1,145 @@
+"""Forwarding with failover, and the byte-for-byte relay of the answer.
+
+A target is tried, and on a connect error, a timeout before the response headers, a 429 or a 5xx the
+next one is, in chain order. Other statuses are the answer. Nothing is retried once the first byte has
+been handed to the client. When every target failed, the last HTTP answer any of them gave reaches the
+client verbatim; only if none answered at all does the gateway speak (502/504).
+I/O: the upstream request through the worker's aiohttp session, and writes to the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gateway.dataplane.upstream import HOP_BY_HOP
+from gateway.errors import GatewayError, UpstreamUnavailable
+from gateway.protocol.openai_request import RequestInfo, splice_model
+from gateway.snapshot import Route, Target
+
+__all__ = ["Attempted", "Forwarder", "RelayAborted", "UpstreamTimeout"]
+
+_RETRYABLE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+class UpstreamTimeout(GatewayError):
+    status = 504
+    code = "upstream_timeout"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
+class RelayAborted(Exception):
+    """The upstream failed after the answer was committed to the client: the client's response is cut
+    short (no terminating chunk), never completed with made-up bytes and never retried."""
+
+
+@dataclass(slots=True)
+class Attempted:
+    """What forwarding did: which target answered (or the last tried), its status, how many tries."""
+
+    target: Target | None
+    status: int
+    attempts: int
+
+
+def _response_headers(resp: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    return [
+        (k.decode("latin-1"), v.decode("latin-1"))
+        for k, v in resp.raw_headers
+        if k.decode("latin-1").lower() not in HOP_BY_HOP
+    ]
+
+
+def _upstream_headers(headers: list[tuple[str, str]], target: Target) -> dict[str, str]:
+    out = dict(headers)
+    key = target.backend.api_key
+    if key:
+        out["Authorization"] = "Bearer " + key
+    return out
+
+
+class Forwarder:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+
+    async def forward(
+        self,
+        proto: Any,
+        method: str,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        info: RequestInfo | None,
+        route: Route,
+    ) -> Attempted:
+        kept: tuple[int, list[tuple[str, str]], bytes] | None = None
+        last_error: BaseException | None = None
+        targets = route.targets
+        last_index = len(targets) - 1
+        target: Target | None = None
+        for index, target in enumerate(targets):
+            backend = target.backend
+            payload = body
+            if info is not None and target.upstream_model != info.model:
+                payload = splice_model(body, info, target.upstream_model)
+            try:
+                async with asyncio.timeout(backend.connect_timeout + backend.first_byte_timeout):
+                    resp = await self.session.request(
+                        method,
+                        backend.url + path_qs,
+                        data=payload,
+                        headers=_upstream_headers(headers, target),
+                        allow_redirects=False,
+                        timeout=aiohttp.ClientTimeout(
+                            total=None, sock_connect=backend.connect_timeout, sock_read=backend.read_timeout
+                        ),
+                    )
+            except _RETRYABLE_ERRORS as exc:
+                last_error = exc
+                continue
+            status = resp.status
+            if (status == 429 or status >= 500) and index < last_index:
+                try:
+                    kept = (status, _response_headers(resp), await resp.read())
+                except _RETRYABLE_ERRORS:
+                    pass
+                finally:
+                    resp.release()
+                continue
+            await self._relay(proto, resp)
+            return Attempted(target, status, index + 1)
+        if kept is not None:
+            status, hdrs, data = kept
+            proto.response_bytes(status, hdrs, data)
+            return Attempted(target, status, len(targets))
+        if isinstance(last_error, TimeoutError):
+            raise UpstreamTimeout("no backend answered in time for this model")
+        detail = f": {type(last_error).__name__}" if last_error is not None else ""
+        raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")
+
+    async def _relay(self, proto: Any, resp: aiohttp.ClientResponse) -> None:
+        """Hand the answer over untouched: whole when it has a length, chunk by chunk otherwise."""
+        headers = _response_headers(resp)
+        try:
+            if resp.content_length is not None:
+                try:
+                    data = await resp.read()
+                except _RETRYABLE_ERRORS as exc:
+                    raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
+                proto.response_bytes(resp.status, headers, data)
+                return
+            transport = proto.response_stream(resp.status, headers)
+            try:
+                async for chunk in resp.content.iter_any():
+                    await transport.send_bytes(chunk)
+            except _RETRYABLE_ERRORS as exc:
+                raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from exc
+        except BaseException:
+            resp.close()  # drop the connection: the engine sees the client leave and stops generating
+            raise
+        finally:
+            resp.release()

@@ -1,0 +1,1 @@
+"""Sans-I/O wire formats: request inspection, usage parsing, SSE framing and protocol translators."""

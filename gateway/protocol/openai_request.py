@@ -1,0 +1,125 @@
+"""Just enough of an OpenAI-style request to route it: the model name, the stream flag, and where the
+model's value sits in the raw bytes so an alias can be spliced in without re-encoding anything else.
+
+Sans-I/O: bytes in, values out. JSON bodies are validated by a full parse (orjson); multipart bodies
+(audio uploads) are scanned for the ``model`` field only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import BadRequest
+
+__all__ = ["RequestInfo", "inspect_json", "inspect_multipart", "splice_model"]
+
+# A JSON string token, or one structural bracket. Everything else between them is skipped by the regex
+# engine, so the cost grows with the number of strings, not with the number of bytes.
+_JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+_JSON_STRING = re.compile(rb'\s*:\s*("(?:[^"\\]|\\.)*")')
+_MODEL_KEY = b'"model"'
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    # Byte span of the model's value in the body: the whole JSON string token (quotes included), or the
+    # raw field value in a multipart body. None when it could not be located (then the body is rebuilt).
+    model_span: tuple[int, int] | None
+    multipart: bool = False
+
+
+def inspect_json(body: bytes) -> RequestInfo:
+    if not body:
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = doc.get("model")
+    if model is None:
+        raise BadRequest("you must provide a model parameter", param="model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model must be a non-empty string", param="model")
+    stream = doc.get("stream") is True
+    opts = doc.get("stream_options")
+    include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
+        raise BadRequest("max_tokens must be an integer", param="max_tokens")
+    return RequestInfo(model, stream, include_usage, max_tokens, _find_model_span(body))
+
+
+def _find_model_span(body: bytes) -> tuple[int, int] | None:
+    """Span of the top-level "model" value. The last occurrence wins, as it does for the JSON parser."""
+    depth = 0
+    found: tuple[int, int] | None = None
+    for m in _JSON_TOKEN.finditer(body):
+        first = body[m.start()]
+        if first == 0x22:  # a string: a key when a colon follows it
+            if depth == 1 and m.group() == _MODEL_KEY:
+                value = _JSON_STRING.match(body, m.end())
+                if value is not None:
+                    found = value.span(1)
+        elif first in (0x7B, 0x5B):  # { [
+            depth += 1
+        else:
+            depth -= 1
+    return found
+
+
+def inspect_multipart(body: bytes, content_type: str) -> RequestInfo:
+    """Find the ``model`` form field of a multipart/form-data body (audio transcriptions)."""
+    boundary = _boundary(content_type)
+    delimiter = b"--" + boundary
+    pos = body.find(delimiter)
+    while pos != -1:
+        part_start = pos + len(delimiter)
+        if body[part_start : part_start + 2] == b"--":
+            break
+        head_end = body.find(b"\r\n\r\n", part_start)
+        if head_end == -1:
+            break
+        nxt = body.find(b"\r\n" + delimiter, head_end + 4)
+        if nxt == -1:
+            break
+        head = body[part_start:head_end].lower()
+        if re.search(rb'content-disposition:[^\r\n]*;\s*name="model"', head):
+            value = body[head_end + 4 : nxt]
+            try:
+                model = value.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise BadRequest("model form field is not UTF-8", param="model") from None
+            if not model:
+                raise BadRequest("model must be a non-empty string", param="model")
+            return RequestInfo(model, False, False, None, (head_end + 4, nxt), multipart=True)
+        pos = nxt + 2
+    raise BadRequest("you must provide a model form field", param="model")
+
+
+def _boundary(content_type: str) -> bytes:
+    for piece in content_type.split(";")[1:]:
+        name, _, value = piece.strip().partition("=")
+        if name.lower() == "boundary" and value:
+            return value.strip('"').encode("latin-1")
+    raise BadRequest("multipart/form-data body without a boundary")
+
+
+def splice_model(body: bytes, info: RequestInfo, upstream_model: str) -> bytes:
+    """The body with only the model value replaced; every other byte stays as the client sent it."""
+    if info.model_span is None:
+        doc = orjson.loads(body)
+        doc["model"] = upstream_model
+        return orjson.dumps(doc)
+    start, end = info.model_span
+    value = upstream_model.encode() if info.multipart else orjson.dumps(upstream_model)
+    return body[:start] + value + body[end:]

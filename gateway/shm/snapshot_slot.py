@@ -1,0 +1,130 @@
+"""Publication of the snapshot through shared memory: one writer, many lock-free readers.
+
+Layout of the segment (all words little-endian u64, 8-aligned)::
+
+    0   magic            "GWSNAP01"
+    8   seq              seqlock sequence: odd while a publication is being switched in
+    16  generation       bumped by every publication; readers compare it to what they hold
+    24  revision         config revision of the published document (publication is monotonic in it)
+    32  active           0 or 1: which slot holds the published document
+    40  length[0]        byte length of slot 0's document
+    48  length[1]        byte length of slot 1's document
+    56  published_at     unix time (f64) of the last publication
+    HEADER .. HEADER+S           slot 0
+    HEADER+S .. HEADER+2S        slot 1
+
+The writer fills the inactive slot, then flips ``active`` inside an odd/even ``seq`` window. A reader
+copies the active slot and keeps the copy only if ``seq`` did not move meanwhile, so it never sees a
+half-written document and never blocks the writer. Words are read and written as aligned 8-byte
+accesses, which are single loads and stores on the platforms we run on; on x86 stores are not reordered
+with other stores nor loads with loads, which is all a seqlock needs. I/O: none beyond the mapping.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+__all__ = ["HEADER_BYTES", "PublishRefused", "SnapshotPublisher", "SnapshotReader"]
+
+MAGIC = int.from_bytes(b"GWSNAP01", "little")
+HEADER_BYTES = 4096
+_U64 = struct.Struct("<Q")
+_F64 = struct.Struct("<d")
+_OFF_MAGIC, _OFF_SEQ, _OFF_GEN, _OFF_REV, _OFF_ACTIVE, _OFF_LEN0, _OFF_LEN1, _OFF_AT = range(0, 64, 8)
+
+
+class PublishRefused(Exception):
+    """The document is older than what is published, or does not fit its slot."""
+
+
+def _slot_bytes(buf: memoryview) -> int:
+    return (len(buf) - HEADER_BYTES) // 2
+
+
+class SnapshotPublisher:
+    """The control worker's side. Only one publisher may write a segment at a time."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf
+        self._slot = _slot_bytes(buf)
+        if _U64.unpack_from(buf, _OFF_MAGIC)[0] != MAGIC:
+            _U64.pack_into(buf, _OFF_MAGIC, MAGIC)
+        seq = _U64.unpack_from(buf, _OFF_SEQ)[0]
+        if seq & 1:
+            # A previous publisher died inside the switch window; the active slot is still whole
+            # (the switch only writes header words), so closing the window is safe.
+            _U64.pack_into(buf, _OFF_SEQ, seq + 1)
+
+    @property
+    def generation(self) -> int:
+        return int(_U64.unpack_from(self._buf, _OFF_GEN)[0])
+
+    @property
+    def revision(self) -> int:
+        return int(_U64.unpack_from(self._buf, _OFF_REV)[0])
+
+    def publish(self, blob: bytes, revision: int) -> int:
+        """Publish ``blob`` as the document for ``revision``; return the new generation.
+
+        Raises PublishRefused for a revision lower than the published one, so an older snapshot never
+        replaces a newer one, whatever order builds finish in.
+        """
+        buf = self._buf
+        published = self.generation
+        if published and revision < self.revision:
+            raise PublishRefused(f"revision {revision} is older than published {self.revision}")
+        if len(blob) > self._slot:
+            raise PublishRefused(f"snapshot of {len(blob)} bytes exceeds the {self._slot}-byte slot")
+        active = _U64.unpack_from(buf, _OFF_ACTIVE)[0] if published else 1
+        target = 1 - active
+        start = HEADER_BYTES + target * self._slot
+        buf[start : start + len(blob)] = blob
+        _U64.pack_into(buf, _OFF_LEN0 + 8 * target, len(blob))
+        seq = _U64.unpack_from(buf, _OFF_SEQ)[0]
+        _U64.pack_into(buf, _OFF_SEQ, seq + 1)
+        _U64.pack_into(buf, _OFF_ACTIVE, target)
+        _U64.pack_into(buf, _OFF_REV, revision)
+        _U64.pack_into(buf, _OFF_GEN, published + 1)
+        _F64.pack_into(buf, _OFF_AT, time.time())
+        _U64.pack_into(buf, _OFF_SEQ, seq + 2)
+        return published + 1
+
+
+class SnapshotReader:
+    """A worker's side: cheap generation checks, and a consistent copy when it changed."""
+
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf
+        self._slot = _slot_bytes(buf)
+
+    def generation(self) -> int:
+        return int(_U64.unpack_from(self._buf, _OFF_GEN)[0])
+
+    def published_at(self) -> float:
+        return float(_F64.unpack_from(self._buf, _OFF_AT)[0])
+
+    def read(self, attempts: int = 1000) -> tuple[int, bytes] | None:
+        """The published (generation, document), or None when nothing was published yet.
+
+        Retries while a publication races the copy; gives up (None) only if the writer keeps switching
+        for ``attempts`` rounds, which in practice means it died mid-switch: the caller keeps what it has.
+        """
+        buf = self._buf
+        for _ in range(attempts):
+            seq = _U64.unpack_from(buf, _OFF_SEQ)[0]
+            if seq & 1:
+                time.sleep(0.0005)
+                continue
+            generation = _U64.unpack_from(buf, _OFF_GEN)[0]
+            if generation == 0:
+                return None
+            active = _U64.unpack_from(buf, _OFF_ACTIVE)[0]
+            length = _U64.unpack_from(buf, _OFF_LEN0 + 8 * active)[0]
+            if active > 1 or length > self._slot:
+                continue
+            start = HEADER_BYTES + active * self._slot
+            blob = bytes(buf[start : start + length])
+            if _U64.unpack_from(buf, _OFF_SEQ)[0] == seq:
+                return int(generation), blob
+        return None

@@ -1,0 +1,142 @@
+"""``gateway serve`` and ``gateway status``: assemble the supervisor, its segments and its workers.
+
+I/O: the data directory (store, hash key, run state), shared-memory creation, fork.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from gateway.cli import add_common_options, settings_from_args
+from gateway.config import Settings, load_hash_key
+from gateway.shm.segment import Segment
+from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
+from gateway.supervisor.process import Supervisor, WorkerSpec
+
+__all__ = ["register"]
+
+log = logging.getLogger("gateway.supervisor")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("serve", help="run the gateway: supervisor, control worker and proxy workers")
+    add_common_options(p)
+    p.add_argument("--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP")
+    p.add_argument("--role", choices=["all"], default="all", help="which planes this host runs")
+    p.add_argument("--host", default=os.environ.get("GATEWAY_HOST"), help="listen address (127.0.0.1)")
+    p.add_argument("--port", type=int, default=_env_int("GATEWAY_PORT"), help="listen port (8080)")
+    p.add_argument("--workers", type=int, help="proxy workers (default: one per core)")
+    p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
+    p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
+    p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
+    p.set_defaults(handler=run_serve)
+
+    s = sub.add_parser("status", help="show this host's supervisor, workers and snapshot")
+    add_common_options(s)
+    s.set_defaults(handler=run_status)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw else None
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    _configure_logging(settings.log_level)
+    from gateway.controlplane.commands import apply_file
+    from gateway.controlplane.store import open_store
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    hash_key = load_hash_key(settings.data_dir)
+    if settings.config_file is not None:
+        revision = apply_file(settings, settings.config_file)
+        log.info("applied %s as revision %d", settings.config_file, revision)
+    else:
+        open_store(settings).close()  # migrations run once, here, before any worker forks
+
+    Supervisor.block_signals()
+    segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
+    specs = _worker_specs(settings, segment, hash_key)
+    sup = Supervisor(specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json")
+    sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
+    sup.extra_state = {"snapshot_segment": segment.id, "port": settings.port, "host": settings.host}
+
+    sup.spawn(specs[0])  # the control worker publishes the first snapshot before proxies take traffic
+    reader = SnapshotReader(segment.buf)
+    deadline = time.monotonic() + 30.0
+    while reader.generation() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if reader.generation() == 0:
+        log.error("no snapshot published within 30s; starting proxies anyway (they answer 503 until one is)")
+    log.info("listening on http://%s:%d with %d proxy workers", settings.host, settings.port, settings.workers)
+    try:
+        return sup.run()
+    finally:
+        segment.close()
+
+
+def _worker_specs(settings: Settings, segment: Segment, hash_key: bytes) -> list[WorkerSpec]:
+    from gateway.controlplane.worker import run_control_worker
+    from gateway.dataplane.worker import run_proxy_worker
+
+    specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, segment.buf))]
+    for i in range(max(1, settings.workers)):
+        specs.append(
+            WorkerSpec(f"proxy-{i + 1}", "proxy", lambda: run_proxy_worker(settings, segment.buf, hash_key))
+        )
+    return specs
+
+
+def run_status(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    path = settings.run_dir / "supervisor.json"
+    try:
+        state = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        print(f"no gateway state under {settings.run_dir}", file=sys.stderr)
+        return 1
+    pid = state.get("supervisor_pid", 0)
+    alive = _pid_alive(pid)
+    print(f"supervisor pid={pid} {'running' if alive else 'not running'}"
+          f" listening={state.get('host')}:{state.get('port')}")
+    if alive and state.get("snapshot_segment") is not None:
+        try:
+            seg = Segment.attach(int(state["snapshot_segment"]))
+            reader = SnapshotReader(seg.buf)
+            print(f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}")
+            seg.close()
+        except Exception as exc:  # noqa: BLE001 - status must report, not crash
+            print(f"snapshot: unreadable ({exc})")
+    for w in state.get("workers", []):
+        print(f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}")
+    return 0 if alive else 1
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,231 @@
+"""The supervisor: fork, watch, respawn with backoff, drain.
+
+Signals are blocked in the supervisor and collected with ``sigtimedwait`` in its main loop, so a handler
+never runs in the middle of a fork or a state update: signals only queue, the loop acts. Children unblock
+them right after the fork. I/O: fork/kill/waitpid, and a small JSON state file for ``gateway status``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+__all__ = ["Supervisor", "WorkerSpec"]
+
+log = logging.getLogger("gateway.supervisor")
+
+_HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD}
+_PR_SET_PDEATHSIG = 1
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 30.0
+STABLE_AFTER = 30.0  # a worker that lived this long restarts without backoff
+
+
+@dataclass(slots=True)
+class WorkerSpec:
+    """One supervised slot. ``main`` runs in the forked child and returns its exit code."""
+
+    name: str
+    kind: str  # "control" | "proxy"
+    main: Callable[[], int]
+    pid: int = 0
+    started_at: float = 0.0
+    restarts: int = 0
+    backoff: float = BACKOFF_FIRST
+    restart_at: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+
+
+def _exit_code(status: int) -> int:
+    return os.waitstatus_to_exitcode(status)
+
+
+class Supervisor:
+    def __init__(self, specs: list[WorkerSpec], *, grace_period: float, state_file: Path | None,
+                 on_reload: Callable[[], None] | None = None,
+                 notify: Callable[[str], None] | None = None) -> None:
+        self.specs = specs
+        self.grace_period = grace_period
+        self.state_file = state_file
+        self.on_reload = on_reload
+        self.notify = notify or (lambda _msg: None)
+        self.started_at = time.time()
+        self.extra_state: dict[str, object] = {}
+        self._stopping = False
+
+    # -- children -------------------------------------------------------------------------------
+    def _spawn(self, spec: WorkerSpec) -> None:
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 1
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, set())
+                for sig in _HANDLED:
+                    signal.signal(sig, signal.SIG_DFL)
+                # Interactive Ctrl-C reaches the whole process group; the supervisor decides what it means.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _die_with_parent()
+                code = spec.main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                log.exception("worker %s crashed", spec.name)
+                code = 1
+            finally:
+                os._exit(code)
+        spec.pid = pid
+        spec.started_at = time.monotonic()
+        spec.restart_at = None
+        log.info("started %s worker %s pid=%d", spec.kind, spec.name, pid)
+
+    def spawn(self, spec: WorkerSpec) -> None:
+        self._spawn(spec)
+        self.write_state()
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            for spec in self.specs:
+                if spec.pid == pid:
+                    self._on_exit(spec, _exit_code(status))
+                    break
+
+    def _on_exit(self, spec: WorkerSpec, code: int) -> None:
+        spec.pid = 0
+        spec.exit_codes = (spec.exit_codes + [code])[-10:]
+        if self._stopping:
+            log.info("%s worker %s exited with %d", spec.kind, spec.name, code)
+            return
+        lived = time.monotonic() - spec.started_at
+        if lived >= STABLE_AFTER:
+            spec.backoff = BACKOFF_FIRST
+        delay = spec.backoff
+        spec.backoff = min(spec.backoff * 2, BACKOFF_MAX)
+        spec.restart_at = time.monotonic() + delay
+        spec.restarts += 1
+        log.warning("%s worker %s exited with %d after %.1fs; restarting in %.1fs",
+                    spec.kind, spec.name, code, lived, delay)
+
+    def _restart_due(self) -> None:
+        now = time.monotonic()
+        for spec in self.specs:
+            if spec.pid == 0 and spec.restart_at is not None and spec.restart_at <= now:
+                self._spawn(spec)
+                self.write_state()
+
+    # -- state ------------------------------------------------------------------------------------
+    def write_state(self) -> None:
+        if self.state_file is None:
+            return
+        state = {
+            **self.extra_state,
+            "supervisor_pid": os.getpid(),
+            "started_at": self.started_at,
+            "stopping": self._stopping,
+            "workers": [
+                {"name": s.name, "kind": s.kind, "pid": s.pid, "restarts": s.restarts,
+                 "uptime": round(time.monotonic() - s.started_at, 1) if s.pid else 0.0,
+                 "exit_codes": s.exit_codes}
+                for s in self.specs
+            ],
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(state))
+        os.replace(tmp, self.state_file)
+
+    # -- main loop --------------------------------------------------------------------------------
+    @staticmethod
+    def block_signals() -> None:
+        """Call before creating anything the children inherit: from here on signals only queue."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+
+    def wait_signal(self, timeout: float) -> int | None:
+        info = signal.sigtimedwait(_HANDLED, timeout)
+        return info.si_signo if info is not None else None
+
+    def run(self) -> int:
+        """Watch the children until SIGTERM/SIGINT, then drain. Returns the exit code (0 on a clean drain)."""
+        for spec in self.specs:
+            if spec.pid == 0:
+                self._spawn(spec)
+        self.write_state()
+        last_state = time.monotonic()
+        while True:
+            sig = self.wait_signal(0.25)
+            if sig == signal.SIGCHLD:
+                self._reap()
+            elif sig == signal.SIGHUP:
+                log.info("SIGHUP: reloading configuration")
+                if self.on_reload is not None:
+                    self.on_reload()
+            elif sig in (signal.SIGTERM, signal.SIGINT):
+                return self.drain()
+            self._reap()
+            self._restart_due()
+            if time.monotonic() - last_state > 2.0:
+                self.write_state()
+                last_state = time.monotonic()
+
+    def signal_kind(self, kind: str, sig: int) -> None:
+        for spec in self.specs:
+            if spec.kind == kind and spec.pid:
+                try:
+                    os.kill(spec.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def drain(self) -> int:
+        """Stop proxies first (they finish in-flight requests and streams), then the control worker."""
+        self._stopping = True
+        self.notify("STOPPING=1")
+        self.write_state()
+        log.info("draining: waiting up to %.0fs for in-flight requests", self.grace_period)
+        self.signal_kind("proxy", signal.SIGTERM)
+        self._wait_kind("proxy", self.grace_period)
+        self.signal_kind("control", signal.SIGTERM)
+        self._wait_kind("control", 10.0)
+        self.write_state()
+        log.info("stopped")
+        return 0
+
+    def _wait_kind(self, kind: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(s.pid for s in self.specs if s.kind == kind):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for spec in self.specs:
+                    if spec.kind == kind and spec.pid:
+                        log.warning("%s did not stop within the grace period: killing it", spec.name)
+                        try:
+                            os.kill(spec.pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                deadline = time.monotonic() + 5.0
+                timeout = 5.0
+            self.wait_signal(min(max(left, 0.05), 0.25))  # SIGCHLD wakes us early; others are ignored now
+            self._reap()
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this child when the supervisor dies, so workers never outlive it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    except (OSError, AttributeError) as exc:
+        if getattr(exc, "errno", None) not in (None, errno.EINVAL):
+            log.debug("prctl(PR_SET_PDEATHSIG) unavailable: %s", exc)

@@ -1,0 +1,105 @@
+"""Request inspection and the alias splice: only the model value may change, byte for byte."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.errors import BadRequest
+from gateway.protocol.openai_request import inspect_json, inspect_multipart, splice_model
+
+ODD = (
+    b'{ "messages" : [ {"role":"user","content":"say \\"model\\": \\"x\\"", "model": "inner"} ],\n'
+    b'\t"model"\n:\t"chat" , "stream":true,"stream_options":{"include_usage":true},"zzz":[1,{"model":"n"}] }'
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "model", "stream", "include_usage", "max_tokens"),
+    [
+        (b'{"model":"a"}', "a", False, False, None),
+        (ODD, "chat", True, True, None),
+        (b'{"max_tokens": 7, "model": "b", "stream": false}', "b", False, False, 7),
+        (b'{"max_completion_tokens": 9, "model": "b"}', "b", False, False, 9),
+        (b'{"model":"first","model":"last"}', "last", False, False, None),
+    ],
+)
+def test_inspect_json(body: bytes, model: str, stream: bool, include_usage: bool, max_tokens: int | None) -> None:
+    info = inspect_json(body)
+    assert (info.model, info.stream, info.include_usage, info.max_tokens) == (model, stream, include_usage,
+                                                                              max_tokens)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"", "empty"),
+        (b"{nope", "not valid JSON"),
+        (b"[1,2]", "JSON object"),
+        (b'{"messages":[]}', "model parameter"),
+        (b'{"model": 3}', "non-empty string"),
+        (b'{"model": ""}', "non-empty string"),
+        (b'{"model": "a", "max_tokens": "many"}', "max_tokens"),
+    ],
+)
+def test_inspect_json_rejects(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        inspect_json(body)
+
+
+def test_splice_changes_only_the_top_level_model() -> None:
+    info = inspect_json(ODD)
+    out = splice_model(ODD, info, "meta-llama/Llama-3.1-8B")
+    assert out == ODD.replace(b'"chat"', b'"meta-llama/Llama-3.1-8B"')
+    assert orjson.loads(out)["messages"][0]["model"] == "inner"
+
+
+def test_splice_escapes_the_new_name() -> None:
+    body = b'{"model":"a"}'
+    out = splice_model(body, inspect_json(body), 'we"ird')
+    assert orjson.loads(out)["model"] == 'we"ird'
+
+
+def test_splice_last_duplicate_key() -> None:
+    body = b'{"model":"first","model":"last"}'
+    assert splice_model(body, inspect_json(body), "z") == b'{"model":"first","model":"z"}'
+
+
+def test_splice_escaped_key_falls_back_to_reencoding() -> None:
+    body = b'{"mod\\u0065l":"a","x":1}'
+    info = inspect_json(body)
+    assert info.model == "a" and info.model_span is None
+    assert orjson.loads(splice_model(body, info, "b")) == {"model": "b", "x": 1}
+
+
+BOUNDARY = "----gwtest42"
+MULTIPART = (
+    b"------gwtest42\r\n"
+    b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+    b"Content-Type: audio/wav\r\n\r\n"
+    b"RIFF\x00\x01model\r\n\xff\xfe"
+    b"\r\n------gwtest42\r\n"
+    b'Content-Disposition: form-data; name="model"\r\n\r\n'
+    b"whisper"
+    b"\r\n------gwtest42--\r\n"
+)
+
+
+def test_multipart_model_and_splice() -> None:
+    ctype = f"multipart/form-data; boundary={BOUNDARY}"
+    info = inspect_multipart(MULTIPART, ctype)
+    assert info.model == "whisper"
+    out = splice_model(MULTIPART, info, "openai/whisper-large-v3")
+    assert out == MULTIPART.replace(b"\r\n\r\nwhisper\r\n", b"\r\n\r\nopenai/whisper-large-v3\r\n")
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype"),
+    [
+        (MULTIPART, "multipart/form-data"),
+        (MULTIPART.replace(b'name="model"', b'name="other"'), f"multipart/form-data; boundary={BOUNDARY}"),
+    ],
+)
+def test_multipart_rejects(body: bytes, ctype: str) -> None:
+    with pytest.raises(BadRequest):
+        inspect_multipart(body, ctype)
