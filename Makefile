@@ -23,7 +23,7 @@ native: $(STAMP)
 
 # Debian packages the test suite drives for real (installed only when missing).
 system-deps:
-	@./scripts/system-deps.sh
+	@./scripts/system-deps.sh test
 
 run: venv
 	./scripts/run-demo.sh $(PORT) $(MOCK_PORT) $(DATA)
@@ -38,7 +38,8 @@ typecheck: venv
 test: venv system-deps lint typecheck
 	./scripts/run-tests.sh
 
-bench: venv system-deps
+bench: venv
+	./scripts/system-deps.sh bench
 	$(BIN)/python -m perf.bench
 
 clean:

@@ -36,11 +36,20 @@ class GatewayError(Exception):
 
     def openai_body(self) -> bytes:
         return orjson.dumps(
-            {"error": {"message": self.message, "type": self.openai_type, "param": self.param, "code": self.code}}
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.openai_type,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
         )
 
     def anthropic_body(self) -> bytes:
-        return orjson.dumps({"type": "error", "error": {"type": self.anthropic_type, "message": self.message}})
+        return orjson.dumps(
+            {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
+        )
 
 
 class BadRequest(GatewayError):

@@ -12,7 +12,7 @@ Document schema (``schema`` = 1)::
       "built_at": 1764470000.0,          # unix seconds
       "backends": {"vllm-a": {"url": "http://127.0.0.1:8001", "api_key": null, "protocol": "openai",
                               "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0}},
-      "routes": {                        # every callable name: frontend models, their aliases, provider models
+      "routes": {            # every callable name: frontend models, their aliases, provider models
         "chat": {"canonical": "chat", "kind": "frontend",
                  "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...]}
       },
@@ -123,11 +123,16 @@ class Snapshot:
                 for pm, be, um in r["targets"]
                 if be in backends
             )
-            routes[name] = Route(name=name, canonical=r.get("canonical", name), kind=r.get("kind", "frontend"),
-                                 targets=targets)
+            routes[name] = Route(
+                name=name, canonical=r.get("canonical", name), kind=r.get("kind", "frontend"), targets=targets
+            )
         principals = {
-            pid: Principal(id=pid, name=p["name"], allow_all=bool(p.get("allow_all")),
-                           models=frozenset(p.get("models", ())))
+            pid: Principal(
+                id=pid,
+                name=p["name"],
+                allow_all=bool(p.get("allow_all")),
+                models=frozenset(p.get("models", ())),
+            )
             for pid, p in doc.get("principals", {}).items()
         }
         keys: dict[bytes, KeyEntry] = {}

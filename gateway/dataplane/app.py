@@ -92,17 +92,24 @@ class ProxyApp:
             except GatewayError as exc:
                 proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), exc.openai_body())
             except RelayAborted as exc:
+                # The answer is committed: returning ends the client's response where it stopped. With a
+                # declared length the client sees it short; a chunked one ends without its terminator event.
                 log.warning("%s", exc)
-                raise
             return
         if path == "/healthz":
             snap = self.snapshot
-            body = {"status": "ok" if snap.generation else "starting", "generation": snap.generation,
-                    "revision": snap.revision, "control_plane": "ok"}
+            body = {
+                "status": "ok" if snap.generation else "starting",
+                "generation": snap.generation,
+                "revision": snap.revision,
+                "control_plane": "ok",
+            }
             proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
         elif path == "/readyz":
             ready = not self.draining and self.snapshot.generation > 0
-            proto.response_bytes(200 if ready else 503, _JSON, b'{"ready":true}' if ready else b'{"ready":false}')
+            proto.response_bytes(
+                200 if ready else 503, _JSON, b'{"ready":true}' if ready else b'{"ready":false}'
+            )
         else:
             err = NotFound(f"no route for {path}")
             err.code = "not_found"
@@ -127,8 +134,9 @@ class ProxyApp:
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         qs = scope.query_string
         path_qs = path + "?" + qs if qs else path
-        await self.run_guarded(proto, self.forwarder_or_fail().forward(
-            proto, method, path_qs, forwarded, body, info, route))
+        await self.run_guarded(
+            proto, self.forwarder_or_fail().forward(proto, method, path_qs, forwarded, body, info, route)
+        )
 
     def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
@@ -178,8 +186,10 @@ class ProxyApp:
         cached = self._models_cache.get(principal.id)
         if cached is None:
             names = sorted(n for n in snap.routes if principal.may_use(n))
-            data = [{"id": n, "object": "model", "created": int(snap.built_at), "owned_by": "gateway"}
-                    for n in names]
+            data = [
+                {"id": n, "object": "model", "created": int(snap.built_at), "owned_by": "gateway"}
+                for n in names
+            ]
             cached = orjson.dumps({"object": "list", "data": data})
             self._models_cache[principal.id] = cached
         return cached

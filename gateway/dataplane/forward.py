@@ -122,22 +122,32 @@ class Forwarder:
         raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")
 
     async def _relay(self, proto: Any, resp: aiohttp.ClientResponse) -> None:
-        """Hand the answer over untouched: whole when it has a length, chunk by chunk otherwise."""
+        """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by
+        chunk otherwise. A streamed answer whose length the engine declared keeps that length, so a cut
+        in the middle shows the client a short body instead of a cleanly ended one."""
         headers = _response_headers(resp)
+        length = resp.content_length
+        streamed = length is None or resp.content_type == "text/event-stream"
         try:
-            if resp.content_length is not None:
+            if not streamed:
                 try:
                     data = await resp.read()
                 except _RETRYABLE_ERRORS as exc:
                     raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
                 proto.response_bytes(resp.status, headers, data)
                 return
+            if length is not None:
+                headers.append(("content-length", str(length)))
             transport = proto.response_stream(resp.status, headers)
             try:
                 async for chunk in resp.content.iter_any():
                     await transport.send_bytes(chunk)
             except _RETRYABLE_ERRORS as exc:
-                raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from exc
+                # granian ends the client's response only when the transport object is freed, and the
+                # exception (kept by aiohttp's reader) pins this frame through its traceback: let go of both.
+                del transport
+                exc.__traceback__ = None
+                raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None
         except BaseException:
             resp.close()  # drop the connection: the engine sees the client leave and stops generating
             raise

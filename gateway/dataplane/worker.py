@@ -45,7 +45,7 @@ async def _serve(settings: Settings, app: ProxyApp) -> None:
 
     def stop() -> None:
         app.draining = True
-        server.stop()
+        server.stop()  # type: ignore[no-untyped-call]
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop)

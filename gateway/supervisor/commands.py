@@ -29,7 +29,9 @@ log = logging.getLogger("gateway.supervisor")
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the gateway: supervisor, control worker and proxy workers")
     add_common_options(p)
-    p.add_argument("--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP")
+    p.add_argument(
+        "--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP"
+    )
     p.add_argument("--role", choices=["all"], default="all", help="which planes this host runs")
     p.add_argument("--host", default=os.environ.get("GATEWAY_HOST"), help="listen address (127.0.0.1)")
     p.add_argument("--port", type=int, default=_env_int("GATEWAY_PORT"), help="listen port (8080)")
@@ -75,7 +77,9 @@ def run_serve(args: argparse.Namespace) -> int:
     Supervisor.block_signals()
     segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
     specs = _worker_specs(settings, segment, hash_key)
-    sup = Supervisor(specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json")
+    sup = Supervisor(
+        specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json"
+    )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {"snapshot_segment": segment.id, "port": settings.port, "host": settings.host}
 
@@ -86,7 +90,9 @@ def run_serve(args: argparse.Namespace) -> int:
         time.sleep(0.02)
     if reader.generation() == 0:
         log.error("no snapshot published within 30s; starting proxies anyway (they answer 503 until one is)")
-    log.info("listening on http://%s:%d with %d proxy workers", settings.host, settings.port, settings.workers)
+    log.info(
+        "listening on http://%s:%d with %d proxy workers", settings.host, settings.port, settings.workers
+    )
     try:
         return sup.run()
     finally:
@@ -115,15 +121,17 @@ def run_status(args: argparse.Namespace) -> int:
         return 1
     pid = state.get("supervisor_pid", 0)
     alive = _pid_alive(pid)
-    print(f"supervisor pid={pid} {'running' if alive else 'not running'}"
-          f" listening={state.get('host')}:{state.get('port')}")
+    print(
+        f"supervisor pid={pid} {'running' if alive else 'not running'}"
+        f" listening={state.get('host')}:{state.get('port')}"
+    )
     if alive and state.get("snapshot_segment") is not None:
         try:
             seg = Segment.attach(int(state["snapshot_segment"]))
             reader = SnapshotReader(seg.buf)
             print(f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}")
             seg.close()
-        except Exception as exc:  # noqa: BLE001 - status must report, not crash
+        except Exception as exc:
             print(f"snapshot: unreadable ({exc})")
     for w in state.get("workers", []):
         print(f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}")

@@ -50,9 +50,15 @@ def _exit_code(status: int) -> int:
 
 
 class Supervisor:
-    def __init__(self, specs: list[WorkerSpec], *, grace_period: float, state_file: Path | None,
-                 on_reload: Callable[[], None] | None = None,
-                 notify: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        *,
+        grace_period: float,
+        state_file: Path | None,
+        on_reload: Callable[[], None] | None = None,
+        notify: Callable[[str], None] | None = None,
+    ) -> None:
         self.specs = specs
         self.grace_period = grace_period
         self.state_file = state_file
@@ -106,7 +112,7 @@ class Supervisor:
 
     def _on_exit(self, spec: WorkerSpec, code: int) -> None:
         spec.pid = 0
-        spec.exit_codes = (spec.exit_codes + [code])[-10:]
+        spec.exit_codes = ([*spec.exit_codes, code])[-10:]
         if self._stopping:
             log.info("%s worker %s exited with %d", spec.kind, spec.name, code)
             return
@@ -117,8 +123,14 @@ class Supervisor:
         spec.backoff = min(spec.backoff * 2, BACKOFF_MAX)
         spec.restart_at = time.monotonic() + delay
         spec.restarts += 1
-        log.warning("%s worker %s exited with %d after %.1fs; restarting in %.1fs",
-                    spec.kind, spec.name, code, lived, delay)
+        log.warning(
+            "%s worker %s exited with %d after %.1fs; restarting in %.1fs",
+            spec.kind,
+            spec.name,
+            code,
+            lived,
+            delay,
+        )
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -137,9 +149,14 @@ class Supervisor:
             "started_at": self.started_at,
             "stopping": self._stopping,
             "workers": [
-                {"name": s.name, "kind": s.kind, "pid": s.pid, "restarts": s.restarts,
-                 "uptime": round(time.monotonic() - s.started_at, 1) if s.pid else 0.0,
-                 "exit_codes": s.exit_codes}
+                {
+                    "name": s.name,
+                    "kind": s.kind,
+                    "pid": s.pid,
+                    "restarts": s.restarts,
+                    "uptime": round(time.monotonic() - s.started_at, 1) if s.pid else 0.0,
+                    "exit_codes": s.exit_codes,
+                }
                 for s in self.specs
             ],
         }

@@ -24,10 +24,16 @@ ODD = (
         (b'{"model":"first","model":"last"}', "last", False, False, None),
     ],
 )
-def test_inspect_json(body: bytes, model: str, stream: bool, include_usage: bool, max_tokens: int | None) -> None:
+def test_inspect_json(
+    body: bytes, model: str, stream: bool, include_usage: bool, max_tokens: int | None
+) -> None:
     info = inspect_json(body)
-    assert (info.model, info.stream, info.include_usage, info.max_tokens) == (model, stream, include_usage,
-                                                                              max_tokens)
+    assert (info.model, info.stream, info.include_usage, info.max_tokens) == (
+        model,
+        stream,
+        include_usage,
+        max_tokens,
+    )
 
 
 @pytest.mark.parametrize(

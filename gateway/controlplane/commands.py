@@ -1,0 +1,182 @@
+"""CLI subcommands of the control plane: ``apply``, ``export``, ``keys``, ``principals``.
+
+Each opens the store named by ``--data-dir``/``--database``, does one thing and closes it. Output meant
+for scripts goes to stdout (the new revision, the exported TOML, a new key's secret, listings); notes
+for the operator go to stderr. A ``GatewayError`` (an invalid file, an unknown principal, ...) is
+printed as ``gateway: error: ...`` with exit status 1. Also ``apply_file``, which the supervisor calls
+for ``gateway serve --config FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.cli import add_common_options, settings_from_args
+from gateway.config import Settings, load_hash_key
+from gateway.controlplane.configfile import dump_config, load_config, parse_timestamp
+from gateway.controlplane.store import open_store
+from gateway.errors import ConfigError, GatewayError
+
+__all__ = ["apply_file", "register"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def apply_file(settings: Settings, path: str | Path) -> int:
+    """Validate ``path`` and make the store match it; returns the new revision."""
+    cfg = load_config(path)
+    hash_key = _hash_key(settings) if any(k.secret is not None for k in cfg.keys) else None
+    with open_store(settings) as store:
+        return store.apply_config(cfg, hash_key=hash_key)
+
+
+def register(sub: Any) -> None:
+    """Add this area's subcommands to the ``gateway`` parser's subparsers object."""
+    p = sub.add_parser("apply", help="make the store match a TOML config file; prints the new revision")
+    p.add_argument("file", type=Path, help="the TOML file (see docs/configuration.md)")
+    _finish(p, _cmd_apply)
+
+    p = sub.add_parser("export", help="print the current configuration as TOML (keys without secrets)")
+    _finish(p, _cmd_export)
+
+    keys = sub.add_parser("keys", help="create, revoke and list API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    p = keys_sub.add_parser("create", help="create a key; prints its secret once on stdout")
+    p.add_argument("--principal", required=True, help="the principal the key authenticates as")
+    p.add_argument("--name", help="a unique name for the key (lets `keys revoke` and config files find it)")
+    p.add_argument("--expires", help="expiry: RFC 3339 (2027-01-01T00:00:00Z) or unix seconds")
+    _finish(p, _cmd_keys_create)
+    p = keys_sub.add_parser("revoke", help="revoke a key by id or name")
+    p.add_argument("key", help="key id or name")
+    _finish(p, _cmd_keys_revoke)
+    p = keys_sub.add_parser("list", help="list keys (never their secrets)")
+    p.add_argument("--principal", help="only this principal's keys")
+    _finish(p, _cmd_keys_list)
+
+    principals = sub.add_parser("principals", help="list principals")
+    principals_sub = principals.add_subparsers(dest="principals_command", required=True)
+    p = principals_sub.add_parser("list", help="list principals with their roles and active key counts")
+    _finish(p, _cmd_principals_list)
+
+
+def _finish(p: argparse.ArgumentParser, handler: Handler) -> None:
+    add_common_options(p)
+    p.set_defaults(handler=_reporting(handler))
+
+
+def _reporting(handler: Handler) -> Handler:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except GatewayError as exc:
+            print(f"gateway: error: {exc.message}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _hash_key(settings: Settings) -> bytes:
+    try:
+        return load_hash_key(settings.data_dir)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
+
+
+def _time(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
+    for row in (header, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    print(apply_file(settings_from_args(args), args.file))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    with open_store(settings_from_args(args)) as store:
+        revision = store.revision()
+        doc = store.config_doc()
+        cli_keys = sum(1 for k in store.list_keys() if k.managed_by == "cli" and k.revoked_at is None)
+    header = (
+        f"Exported by `gateway export` at revision {revision}.\n"
+        "Keys are listed without secrets; applying this file keeps their hashes.\n"
+        f"{cli_keys} key(s) created with `gateway keys create` are not listed; apply keeps them."
+    )
+    sys.stdout.write(dump_config(doc, header))
+    return 0
+
+
+def _cmd_keys_create(args: argparse.Namespace) -> int:
+    expires_at: float | None = None
+    if args.expires is not None:
+        raw: object = args.expires
+        try:
+            raw = float(args.expires)
+        except ValueError:
+            pass
+        try:
+            expires_at = parse_timestamp(raw)
+        except ValueError as exc:
+            raise ConfigError(f"--expires {exc}") from None
+        if expires_at <= time.time():
+            raise ConfigError("--expires is in the past")
+    settings = settings_from_args(args)
+    hash_key = _hash_key(settings)
+    with open_store(settings) as store:
+        key_id, secret = store.create_key(args.principal, args.name, expires_at, hash_key)
+    print(secret)
+    print(f"created key {key_id} for {args.principal}; the secret above is shown only once", file=sys.stderr)
+    return 0
+
+
+def _cmd_keys_revoke(args: argparse.Namespace) -> int:
+    with open_store(settings_from_args(args)) as store:
+        store.revoke_key(args.key)
+    print(f"revoked {args.key}", file=sys.stderr)
+    return 0
+
+
+def _cmd_keys_list(args: argparse.Namespace) -> int:
+    with open_store(settings_from_args(args)) as store:
+        keys = store.list_keys(args.principal)
+    now = time.time()
+    _table(
+        ("ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY"),
+        [
+            (
+                k.id,
+                k.name or "-",
+                k.principal,
+                k.hash_prefix,
+                k.status(now),
+                _time(k.created_at),
+                _time(k.expires_at),
+                k.managed_by,
+            )
+            for k in keys
+        ],
+    )
+    return 0
+
+
+def _cmd_principals_list(args: argparse.Namespace) -> int:
+    with open_store(settings_from_args(args)) as store:
+        principals = store.principals()
+    _table(
+        ("ID", "NAME", "ROLES", "ACTIVE_KEYS"),
+        [(p.id, p.name, ",".join(p.roles) or "-", str(p.active_keys)) for p in principals],
+    )
+    return 0

@@ -1,0 +1,548 @@
+"""The declarative configuration file: TOML in, a validated frozen ``ConfigDoc`` out.
+
+``load_config`` reads one file; ``parse_config`` validates an already-decoded TOML table, so tests and the
+admin API can skip the disk. Every problem found is reported at once, each line naming its place
+(``backends[1].url: must be an http:// or https:// URL``), in one ``ConfigError``. References are checked
+here (a chain naming an unknown provider model, a principal naming an unknown role, duplicate names, an
+alias colliding with another callable name); environment variables and key hashing are resolved later,
+when the store applies the document. ``load_config`` is the only function here that does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FIRST_BYTE_TIMEOUT",
+    "DEFAULT_READ_TIMEOUT",
+    "PROTOCOLS",
+    "BackendSpec",
+    "ConfigDoc",
+    "KeySpec",
+    "ModelSpec",
+    "PrincipalSpec",
+    "ProviderBackend",
+    "ProviderModelSpec",
+    "RoleSpec",
+    "check_name",
+    "check_url",
+    "dump_config",
+    "load_config",
+    "parse_config",
+    "parse_timestamp",
+]
+
+PROTOCOLS = ("openai", "anthropic", "gemini")
+# The same defaults gateway.snapshot uses when a document omits them.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_FIRST_BYTE_TIMEOUT = 60.0
+DEFAULT_READ_TIMEOUT = 300.0
+MIN_SECRET_LENGTH = 16
+
+_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    name: str
+    url: str  # without a trailing slash
+    protocol: str = "openai"
+    api_key: str | None = field(default=None, repr=False)
+    api_key_env: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderBackend:
+    backend: str
+    model: str  # the model name the backend knows
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderModelSpec:
+    name: str
+    backends: tuple[ProviderBackend, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A frontend model: the name clients call, an ordered fallback chain, and alternative names."""
+
+    name: str
+    chain: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    name: str
+    permissions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalSpec:
+    name: str
+    roles: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    name: str
+    principal: str
+    secret: str | None = field(default=None, repr=False)
+    expires_at: float | None = None  # unix seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDoc:
+    backends: tuple[BackendSpec, ...] = ()
+    provider_models: tuple[ProviderModelSpec, ...] = ()
+    models: tuple[ModelSpec, ...] = ()
+    roles: tuple[RoleSpec, ...] = ()
+    principals: tuple[PrincipalSpec, ...] = ()
+    keys: tuple[KeySpec, ...] = ()
+
+
+def load_config(path: str | Path) -> ConfigDoc:
+    """Read and validate one TOML file."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    return parse_config(data, str(path))
+
+
+def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
+    """Validate a decoded TOML document; raises ``ConfigError`` listing every problem found."""
+    p = _Problems()
+    p.unknown_fields("", data, _SECTIONS)
+    backends = _section(p, data, "backends", _backend)
+    provider_models = _section(p, data, "provider_models", _provider_model)
+    models = _section(p, data, "models", _model)
+    roles = _section(p, data, "roles", _role)
+    principals = _section(p, data, "principals", _principal)
+    keys = _section(p, data, "keys", _key)
+    doc = ConfigDoc(
+        backends=tuple(b for _, b in backends),
+        provider_models=tuple(m for _, m in provider_models),
+        models=tuple(m for _, m in models),
+        roles=tuple(r for _, r in roles),
+        principals=tuple(pr for _, pr in principals),
+        keys=tuple(k for _, k in keys),
+    )
+    _check_references(p, backends, provider_models, models, roles, principals, keys)
+    if p.lines:
+        raise ConfigError("\n".join(f"{source}: {line}" for line in p.lines), param=p.first_place)
+    return doc
+
+
+# --- shared value checks (also used by the snapshot builder and the CLI) ------------------------------
+
+
+def check_name(value: object) -> str | None:
+    """The problem with a name, or None. Names are 1-200 characters without whitespace or controls."""
+    if not isinstance(value, str):
+        return "must be a string"
+    if not _NAME.match(value):
+        return "must be 1-200 characters without whitespace or control characters"
+    return None
+
+
+def check_url(value: object) -> str | None:
+    if not isinstance(value, str) or not _URL.match(value):
+        return "must be an http:// or https:// URL"
+    return None
+
+
+def parse_timestamp(value: object) -> float:
+    """Unix seconds from an RFC 3339 string or TOML datetime (with an offset) or a number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("must be an RFC 3339 timestamp or unix seconds")
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("must be a non-negative number of unix seconds")
+        return float(value)
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError("must be an RFC 3339 timestamp such as 2027-01-01T00:00:00Z") from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("must carry a UTC offset, e.g. 2027-01-01T00:00:00Z")
+        return value.timestamp()
+    if isinstance(value, date):
+        raise ValueError("must be a date-time with a UTC offset, not a bare date")
+    raise ValueError("must be an RFC 3339 timestamp or unix seconds")
+
+
+# --- internals -----------------------------------------------------------------------------------------
+
+_BACKEND_FIELDS = (
+    "name",
+    "url",
+    "protocol",
+    "api_key",
+    "api_key_env",
+    "connect_timeout",
+    "first_byte_timeout",
+    "read_timeout",
+)
+_SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys")
+T = TypeVar("T")
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.first_place: str | None = None
+        # Names declared per section, valid entry or not, so that an invalid entry does not also
+        # produce an "unknown ..." line at every reference to it.
+        self.declared: dict[str, set[str]] = {}
+
+    def add(self, place: str, message: str) -> None:
+        self.lines.append(f"{place}: {message}")
+        if self.first_place is None:
+            self.first_place = place
+
+    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None:
+        allowed = set(known)
+        for name in table:
+            if name not in allowed:
+                where = f"{place}.{name}" if place else name
+                self.add(where, f"unknown field (expected one of: {', '.join(sorted(allowed))})")
+
+
+def _section(
+    p: _Problems, data: dict[str, Any], name: str, parse: Callable[[_Problems, str, dict[str, Any]], T | None]
+) -> list[tuple[str, T]]:
+    """Each valid entry of an array of tables with its place; invalid entries are reported and dropped."""
+    raw = data.get(name, [])
+    if not isinstance(raw, list):
+        p.add(name, f"must be an array of tables ([[{name}]])")
+        return []
+    out: list[tuple[str, T]] = []
+    declared = p.declared.setdefault(name, set())
+    for i, item in enumerate(raw):
+        place = f"{name}[{i}]"
+        if not isinstance(item, dict):
+            p.add(place, "must be a table")
+            continue
+        if isinstance(item.get("name"), str):
+            declared.add(item["name"])
+        parsed = parse(p, place, item)
+        if parsed is not None:
+            out.append((place, parsed))
+    return out
+
+
+def _name(p: _Problems, place: str, item: dict[str, Any], key: str = "name") -> str | None:
+    if key not in item:
+        p.add(f"{place}.{key}", "is required")
+        return None
+    problem = check_name(item[key])
+    if problem:
+        p.add(f"{place}.{key}", problem)
+        return None
+    value: str = item[key]
+    return value
+
+
+def _names(p: _Problems, place: str, value: object, *, required: bool) -> tuple[str, ...] | None:
+    if not isinstance(value, list):
+        p.add(place, "must be an array of strings")
+        return None
+    if required and not value:
+        p.add(place, "must not be empty")
+        return None
+    ok = True
+    for i, v in enumerate(value):
+        problem = check_name(v)
+        if problem:
+            p.add(f"{place}[{i}]", problem)
+            ok = False
+    if not ok:
+        return None
+    seen: set[str] = set()
+    for i, v in enumerate(value):
+        if v in seen:
+            p.add(f"{place}[{i}]", f"duplicate entry {v!r}")
+            ok = False
+        seen.add(v)
+    return tuple(value) if ok else None
+
+
+def _timeout(p: _Problems, place: str, item: dict[str, Any], key: str, default: float) -> float | None:
+    value = item.get(key, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        p.add(f"{place}.{key}", "must be a positive number of seconds")
+        return None
+    return float(value)
+
+
+def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | None:
+    p.unknown_fields(place, item, _BACKEND_FIELDS)
+    ok = True
+    name = _name(p, place, item)
+    url = item.get("url")
+    if url is None:
+        p.add(f"{place}.url", "is required")
+        ok = False
+    elif problem := check_url(url):
+        p.add(f"{place}.url", problem)
+        ok = False
+    protocol = item.get("protocol", "openai")
+    if protocol not in PROTOCOLS:
+        p.add(f"{place}.protocol", f"must be one of {', '.join(PROTOCOLS)}")
+        ok = False
+    api_key = item.get("api_key")
+    api_key_env = item.get("api_key_env")
+    if api_key is not None and api_key_env is not None:
+        p.add(f"{place}.api_key_env", "give either api_key or api_key_env, not both")
+        ok = False
+    if api_key is not None and (not isinstance(api_key, str) or not api_key):
+        p.add(f"{place}.api_key", "must be a non-empty string")
+        ok = False
+    if api_key_env is not None and (not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env)):
+        p.add(f"{place}.api_key_env", "must be an environment variable name")
+        ok = False
+    timeouts = [
+        _timeout(p, place, item, "connect_timeout", DEFAULT_CONNECT_TIMEOUT),
+        _timeout(p, place, item, "first_byte_timeout", DEFAULT_FIRST_BYTE_TIMEOUT),
+        _timeout(p, place, item, "read_timeout", DEFAULT_READ_TIMEOUT),
+    ]
+    if not ok or name is None or None in timeouts:
+        return None
+    connect, first_byte, read = (t for t in timeouts if t is not None)
+    return BackendSpec(name, str(url).rstrip("/"), protocol, api_key, api_key_env, connect, first_byte, read)
+
+
+def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
+    p.unknown_fields(place, item, ("name", "backends"))
+    name = _name(p, place, item)
+    raw = item.get("backends")
+    if raw is None:
+        p.add(f"{place}.backends", "is required")
+        return None
+    if not isinstance(raw, list) or not raw:
+        p.add(f"{place}.backends", "must be a non-empty array")
+        return None
+    entries: list[ProviderBackend] = []
+    for i, entry in enumerate(raw):
+        where = f"{place}.backends[{i}]"
+        if isinstance(entry, str):  # shorthand: the backend serves the model under the same name
+            entry = {"backend": entry}
+        if not isinstance(entry, dict):
+            p.add(where, "must be a backend name or a table {backend = ..., model = ...}")
+            continue
+        p.unknown_fields(where, entry, ("backend", "model"))
+        backend = _name(p, where, entry, "backend")
+        model = _name(p, where, entry, "model") if "model" in entry else name
+        if backend is not None and model is not None:
+            pb = ProviderBackend(backend, model)
+            if pb in entries:
+                p.add(where, f"duplicate entry ({backend!r}, {model!r})")
+            entries.append(pb)
+    if name is None or len(entries) != len(raw):
+        return None
+    return ProviderModelSpec(name, tuple(entries))
+
+
+def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
+    p.unknown_fields(place, item, ("name", "chain", "aliases"))
+    name = _name(p, place, item)
+    if "chain" not in item:
+        p.add(f"{place}.chain", "is required")
+        return None
+    chain = _names(p, f"{place}.chain", item["chain"], required=True)
+    aliases = _names(p, f"{place}.aliases", item.get("aliases", []), required=False)
+    if name is None or chain is None or aliases is None:
+        return None
+    return ModelSpec(name, chain, aliases)
+
+
+def _role(p: _Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
+    p.unknown_fields(place, item, ("name", "permissions"))
+    name = _name(p, place, item)
+    perms = _names(p, f"{place}.permissions", item.get("permissions", []), required=False)
+    if perms is not None:
+        for i, perm in enumerate(perms):
+            if perm == "model/":
+                p.add(f"{place}.permissions[{i}]", "model/ needs a model name or pattern, e.g. model/*")
+                perms = None
+                break
+    if name is None or perms is None:
+        return None
+    return RoleSpec(name, perms)
+
+
+def _principal(p: _Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
+    p.unknown_fields(place, item, ("name", "roles"))
+    name = _name(p, place, item)
+    roles = _names(p, f"{place}.roles", item.get("roles", []), required=False)
+    if name is None or roles is None:
+        return None
+    return PrincipalSpec(name, roles)
+
+
+def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
+    p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at"))
+    ok = True
+    name = _name(p, place, item)
+    principal = _name(p, place, item, "principal")
+    secret = item.get("secret")
+    if secret is not None and (
+        not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH or secret != secret.strip()
+    ):
+        p.add(f"{place}.secret", f"must be a string of at least {MIN_SECRET_LENGTH} characters, no padding")
+        ok = False
+    expires_at: float | None = None
+    if "expires_at" in item:
+        try:
+            expires_at = parse_timestamp(item["expires_at"])
+        except ValueError as exc:
+            p.add(f"{place}.expires_at", str(exc))
+            ok = False
+    if not ok or name is None or principal is None:
+        return None
+    return KeySpec(name, principal, secret, expires_at)
+
+
+def _check_references(
+    p: _Problems,
+    backends: list[tuple[str, BackendSpec]],
+    provider_models: list[tuple[str, ProviderModelSpec]],
+    models: list[tuple[str, ModelSpec]],
+    roles: list[tuple[str, RoleSpec]],
+    principals: list[tuple[str, PrincipalSpec]],
+    keys: list[tuple[str, KeySpec]],
+) -> None:
+    def unique(entries: Iterable[tuple[str, str]], what: str) -> None:
+        seen: dict[str, str] = {}
+        for place, name in entries:
+            if name in seen:
+                p.add(place, f"duplicate {what} {name!r} (first at {seen[name]})")
+            else:
+                seen[name] = place
+
+    unique(((f"{pl}.name", b.name) for pl, b in backends), "backend name")
+    unique(((f"{pl}.name", r.name) for pl, r in roles), "role name")
+    unique(((f"{pl}.name", pr.name) for pl, pr in principals), "principal name")
+    unique(((f"{pl}.name", k.name) for pl, k in keys), "key name")
+    unique(((f"{pl}.secret", k.secret) for pl, k in keys if k.secret is not None), "key secret")
+    # Provider models, frontend models and aliases share one namespace: the model name a client sends.
+    unique(
+        [(f"{pl}.name", m.name) for pl, m in provider_models]
+        + [(f"{pl}.name", m.name) for pl, m in models]
+        + [(f"{pl}.aliases[{i}]", a) for pl, m in models for i, a in enumerate(m.aliases)],
+        "model name or alias",
+    )
+    backend_names = p.declared.get("backends", set())
+    provider_names = p.declared.get("provider_models", set())
+    role_names = p.declared.get("roles", set())
+    principal_names = p.declared.get("principals", set())
+    for pl, pm in provider_models:
+        for i, entry in enumerate(pm.backends):
+            if entry.backend not in backend_names:
+                p.add(f"{pl}.backends[{i}].backend", f"unknown backend {entry.backend!r}")
+    for pl, m in models:
+        for i, pm_name in enumerate(m.chain):
+            if pm_name not in provider_names:
+                p.add(f"{pl}.chain[{i}]", f"unknown provider model {pm_name!r}")
+    for pl, pr in principals:
+        for i, role in enumerate(pr.roles):
+            if role not in role_names:
+                p.add(f"{pl}.roles[{i}]", f"unknown role {role!r}")
+    for pl, k in keys:
+        if k.principal not in principal_names:
+            p.add(f"{pl}.principal", f"unknown principal {k.principal!r}")
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+
+def _toml_str(value: str) -> str:
+    out = ['"']
+    for ch in value:
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch in "\b\t\n\f\r":
+            out.append({"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_toml_str(v) for v in values) + "]"
+
+
+def _rfc3339(ts: float) -> str:
+    dt = datetime.fromtimestamp(ts, tz=UTC)
+    return dt.isoformat(timespec="microseconds" if ts % 1 else "seconds").replace("+00:00", "Z")
+
+
+def dump_config(doc: ConfigDoc, header: str = "") -> str:
+    """``doc`` as TOML that ``parse_config`` reads back to an equal document (secrets included if set)."""
+    lines: list[str] = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for b in doc.backends:
+        lines += ["", "[[backends]]", f"name = {_toml_str(b.name)}", f"url = {_toml_str(b.url)}"]
+        lines.append(f"protocol = {_toml_str(b.protocol)}")
+        if b.api_key is not None:
+            lines.append(f"api_key = {_toml_str(b.api_key)}")
+        if b.api_key_env is not None:
+            lines.append(f"api_key_env = {_toml_str(b.api_key_env)}")
+        lines.append(f"connect_timeout = {b.connect_timeout!r}")
+        lines.append(f"first_byte_timeout = {b.first_byte_timeout!r}")
+        lines.append(f"read_timeout = {b.read_timeout!r}")
+    for pm in doc.provider_models:
+        entries = ", ".join(
+            f"{{ backend = {_toml_str(e.backend)}, model = {_toml_str(e.model)} }}" for e in pm.backends
+        )
+        lines += ["", "[[provider_models]]", f"name = {_toml_str(pm.name)}", f"backends = [{entries}]"]
+    for m in doc.models:
+        lines += ["", "[[models]]", f"name = {_toml_str(m.name)}", f"chain = {_toml_list(m.chain)}"]
+        lines.append(f"aliases = {_toml_list(m.aliases)}")
+    for r in doc.roles:
+        lines += [
+            "",
+            "[[roles]]",
+            f"name = {_toml_str(r.name)}",
+            f"permissions = {_toml_list(r.permissions)}",
+        ]
+    for pr in doc.principals:
+        lines += ["", "[[principals]]", f"name = {_toml_str(pr.name)}", f"roles = {_toml_list(pr.roles)}"]
+    for k in doc.keys:
+        lines += ["", "[[keys]]", f"name = {_toml_str(k.name)}", f"principal = {_toml_str(k.principal)}"]
+        if k.secret is not None:
+            lines.append(f"secret = {_toml_str(k.secret)}")
+        if k.expires_at is not None:
+            lines.append(f"expires_at = {_toml_str(_rfc3339(k.expires_at))}")
+    return "\n".join(lines).lstrip("\n") + "\n"

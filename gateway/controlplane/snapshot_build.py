@@ -1,0 +1,272 @@
+"""Build the versioned snapshot document (schema in ``gateway.snapshot``) from the store.
+
+``build_snapshot_doc`` reads every row in one read transaction (``Store.read_state``), so the document is
+consistent with the revision it carries, then ``build_doc`` turns the rows into the document without
+further I/O. One bad row never fails a build: it is skipped, counted in ``skipped`` and logged at WARNING
+on ``gateway.snapshot`` (the first ``MAX_LOGGED`` of them individually, then one summary line).
+
+Authorisation is by the name the caller used. A permission ``model/PATTERN`` (``fnmatch`` rules, case
+sensitive) grants every route whose name matches; a matched frontend model or alias counts as the
+frontend model it names, so it grants the model and all of its aliases. ``model/*`` also sets
+``allow_all``. Other permissions (``usage:read``, ``key:create``, ...) do not concern routing.
+Keys already expired at build time are left out (not counted as skipped); the data plane still checks
+``expires_at`` for keys that expire later.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from fnmatch import fnmatchcase
+from typing import Any
+
+from gateway.controlplane.configfile import PROTOCOLS, check_name, check_url
+from gateway.controlplane.store import Store, StoreState
+from gateway.snapshot import SCHEMA
+
+__all__ = ["MAX_LOGGED", "build_doc", "build_snapshot_doc"]
+
+log = logging.getLogger("gateway.snapshot")
+
+MAX_LOGGED = 20
+ALLOW_ALL = "model/*"
+_MODEL_PERMISSION = "model/"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_GLOB_CHARS = frozenset("*?[")
+
+
+def build_snapshot_doc(store: Store, *, now: float | None = None) -> dict[str, Any]:
+    """The snapshot document for the store's current revision."""
+    return build_doc(store.read_state(), now=now)
+
+
+class _Skips:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, what: str, why: str) -> None:
+        self.count += 1
+        if self.count <= MAX_LOGGED:
+            log.warning("snapshot build: skipping %s: %s", what, why)
+
+    def summarise(self, revision: int) -> None:
+        if self.count > MAX_LOGGED:
+            log.warning(
+                "snapshot build: skipped %d invalid rows at revision %d (%d not logged individually)",
+                self.count,
+                revision,
+                self.count - MAX_LOGGED,
+            )
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    f = float(value)
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
+    """The document for ``state``; pure apart from logging skipped rows."""
+    built_at = time.time()
+    now = built_at if now is None else now
+    skip = _Skips()
+    backends = _backends(state, skip)
+    routes, aliases_of = _routes(state, backends, skip)
+    principals = _principals(state, routes, aliases_of, skip)
+    keys = _keys(state, principals, now, skip)
+    skip.summarise(state.revision)
+    return {
+        "schema": SCHEMA,
+        "revision": state.revision,
+        "built_at": built_at,
+        "backends": backends,
+        "routes": routes,
+        "principals": principals,
+        "keys": keys,
+        "skipped": skip.count,
+    }
+
+
+def _backends(state: StoreState, skip: _Skips) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, url, protocol, api_key, _env, connect, first_byte, read in state.backends:
+        timeouts = [_seconds(connect), _seconds(first_byte), _seconds(read)]
+        problem = (
+            check_name(name)
+            or check_url(url)
+            or (None if protocol in PROTOCOLS else f"unknown protocol {protocol!r}")
+            or (None if api_key is None or isinstance(api_key, str) else "api_key is not text")
+            or (None if None not in timeouts and 0.0 not in timeouts else "timeouts must be positive numbers")
+        )
+        if problem:
+            skip(f"backend {name!r}", problem)
+            continue
+        out[name] = {
+            "url": url.rstrip("/"),
+            "api_key": api_key,
+            "protocol": protocol,
+            "connect_timeout": timeouts[0],
+            "first_byte_timeout": timeouts[1],
+            "read_timeout": timeouts[2],
+        }
+    return out
+
+
+def _routes(
+    state: StoreState, backends: dict[str, dict[str, Any]], skip: _Skips
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """Routes by callable name, and each frontend model's aliases."""
+    provider_targets: dict[str, list[list[str]]] = {}
+    for name in state.provider_models:
+        if problem := check_name(name):
+            skip(f"provider model {name!r}", problem)
+        else:
+            provider_targets[name] = []
+    for pm, backend, upstream in state.provider_model_backends:
+        what = f"backend {backend!r} of provider model {pm!r}"
+        if pm not in provider_targets:
+            skip(what, "unknown provider model")
+        elif backend not in backends:
+            skip(what, "unknown or invalid backend")
+        elif problem := check_name(upstream):
+            skip(what, f"upstream model {problem}")
+        else:
+            provider_targets[pm].append([pm, backend, upstream])
+
+    routes: dict[str, dict[str, Any]] = {}
+    for pm, targets in provider_targets.items():
+        if targets:
+            routes[pm] = {"canonical": pm, "kind": "provider", "targets": targets}
+        else:
+            skip(f"provider model {pm!r}", "no usable backend")
+
+    chains: dict[str, list[str]] = {}
+    for name in state.models:
+        if problem := check_name(name):
+            skip(f"model {name!r}", problem)
+        else:
+            chains[name] = []
+    for model, pm in state.model_chain:
+        if model not in chains:
+            skip(f"chain entry {pm!r} of model {model!r}", "unknown model")
+        elif pm not in provider_targets or pm not in routes:
+            skip(f"chain entry {pm!r} of model {model!r}", "unknown or unusable provider model")
+        else:
+            chains[model].append(pm)
+    for model, pms in chains.items():
+        targets = [target for pm in pms for target in routes[pm]["targets"]]
+        if not targets:
+            skip(f"model {model!r}", "no usable provider model in its chain")
+        elif model in routes:
+            skip(f"model {model!r}", "name already used by a provider model")
+        else:
+            routes[model] = {"canonical": model, "kind": "frontend", "targets": targets}
+
+    aliases_of: dict[str, list[str]] = {}
+    for alias, model in state.model_aliases:
+        target = routes.get(model)
+        if target is None or target["kind"] != "frontend":
+            skip(f"alias {alias!r}", f"unknown or unusable model {model!r}")
+        elif problem := check_name(alias):
+            skip(f"alias {alias!r}", problem)
+        elif alias in routes:
+            skip(f"alias {alias!r}", "name already used by a model")
+        else:
+            routes[alias] = {"canonical": model, "kind": "frontend", "targets": list(target["targets"])}
+            aliases_of.setdefault(model, []).append(alias)
+    return routes, aliases_of
+
+
+def _grants(
+    permissions: frozenset[str], routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]]
+) -> tuple[bool, list[str]]:
+    granted: set[str] = set()
+    for perm in permissions:
+        if not perm.startswith(_MODEL_PERMISSION):
+            continue
+        pattern = perm[len(_MODEL_PERMISSION) :]
+        if _GLOB_CHARS.isdisjoint(pattern):
+            matched = [pattern] if pattern in routes else []
+        else:
+            matched = [name for name in routes if fnmatchcase(name, pattern)]
+        for name in matched:
+            route = routes[name]
+            if route["kind"] == "frontend":
+                canonical = route["canonical"]
+                granted.add(canonical)
+                granted.update(aliases_of.get(canonical, ()))
+            else:
+                granted.add(name)
+    return ALLOW_ALL in permissions, sorted(granted)
+
+
+def _principals(
+    state: StoreState, routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]], skip: _Skips
+) -> dict[str, dict[str, Any]]:
+    permissions: dict[str, set[str]] = {}
+    for name in state.roles:
+        permissions[name] = set()
+    for role, perm in state.role_permissions:
+        if role not in permissions:
+            skip(f"permission {perm!r} of role {role!r}", "unknown role")
+        elif not isinstance(perm, str) or not perm:
+            skip(f"permission {perm!r} of role {role!r}", "not a permission string")
+        else:
+            permissions[role].add(perm)
+
+    names: dict[str, str] = {}
+    for pid, name in state.principals:
+        if not isinstance(pid, str) or not pid or check_name(name):
+            skip(f"principal {pid!r}", f"invalid id or name {name!r}")
+        else:
+            names[pid] = name
+    held: dict[str, set[str]] = {pid: set() for pid in names}
+    for pid, role in state.principal_roles:
+        if pid not in held:
+            skip(f"role {role!r} of principal {pid!r}", "unknown principal")
+        elif role not in permissions:
+            skip(f"role {role!r} of principal {pid!r}", "unknown role")
+        else:
+            held[pid].update(permissions[role])
+
+    # Principals mostly share a handful of role combinations: match patterns once per combination.
+    cache: dict[frozenset[str], tuple[bool, list[str]]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for pid, name in names.items():
+        perms = frozenset(held[pid])
+        grant = cache.get(perms)
+        if grant is None:
+            grant = cache[perms] = _grants(perms, routes, aliases_of)
+        out[pid] = {"name": name, "allow_all": grant[0], "models": grant[1]}
+    return out
+
+
+def _keys(
+    state: StoreState, principals: dict[str, dict[str, Any]], now: float, skip: _Skips
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for key_id, _name, pid, key_hash, _created, expires_at, revoked_at, _by in state.keys:
+        if revoked_at is not None:
+            continue
+        if pid not in principals:
+            skip(f"key {key_id!r}", f"unknown or invalid principal {pid!r}")
+            continue
+        if not isinstance(key_hash, str) or not _HEX64.match(key_hash):
+            skip(f"key {key_id!r}", "hash is not 64 lowercase hex characters")
+            continue
+        expires: float | None = None
+        if expires_at is not None:
+            expires = _seconds(expires_at)
+            if expires is None:
+                skip(f"key {key_id!r}", f"unparsable expires_at {expires_at!r}")
+                continue
+            if expires <= now:
+                continue
+        if key_hash in out:
+            skip(f"key {key_id!r}", "hash duplicates another key's")
+            continue
+        out[key_hash] = {"id": str(key_id), "principal": pid, "expires_at": expires}
+    return out

@@ -1,0 +1,473 @@
+"""The control plane's store: configuration, principals and API keys, and the revision counter.
+
+Every write (``apply_config``, ``create_key``, ``revoke_key``) is one transaction that also bumps the
+single-row ``config_revision`` counter, so the control worker, which polls ``revision()``, rebuilds the
+snapshot exactly when something changed and ``read_state`` returns rows consistent with the revision
+read alongside them. All SQL lives here and goes through the small ``Driver`` interface; nothing here
+knows which database it talks to.
+
+Declarative apply: backends, provider models, frontend models with their aliases, roles and principals in
+the document are the desired state; rows missing from it are removed. Keys in the document are upserted by
+name and marked as managed by the file; a file-managed key that disappears from the document is removed.
+Keys created with ``create_key`` (the CLI) are kept by apply unless their principal is removed. A revoked
+key stays revoked whatever the file says. Principals keep their id across applies (matched by name).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from gateway.controlplane.configfile import (
+    BackendSpec,
+    ConfigDoc,
+    KeySpec,
+    ModelSpec,
+    PrincipalSpec,
+    ProviderBackend,
+    ProviderModelSpec,
+    RoleSpec,
+    check_name,
+)
+from gateway.controlplane.store._driver import Driver, Param, Transaction
+from gateway.controlplane.store._errors import StoreConflict
+from gateway.errors import ConfigError
+from gateway.keys import generate_secret, hash_secret
+
+__all__ = ["KeyInfo", "PrincipalInfo", "Store", "StoreState"]
+
+Row = tuple[Any, ...]
+MANAGED_BY_FILE = "file"
+MANAGED_BY_CLI = "cli"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What may be shown about a key: never its secret, only a prefix of its hash."""
+
+    id: str
+    name: str | None
+    principal: str  # principal name
+    hash_prefix: str  # first 8 hex chars of the keyed digest, to tell keys apart in listings
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    managed_by: str  # "file" | "cli"
+
+    def status(self, now: float | None = None) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= (time.time() if now is None else now):
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalInfo:
+    id: str
+    name: str
+    roles: tuple[str, ...]
+    active_keys: int  # keys neither revoked nor expired
+
+
+@dataclass(frozen=True, slots=True)
+class StoreState:
+    """Raw rows of one read transaction, validated by whoever consumes them (the snapshot builder)."""
+
+    revision: int
+    backends: Sequence[Row]  # (name, url, protocol, api_key, api_key_env, connect_t, first_byte_t, read_t)
+    provider_models: Sequence[str]
+    provider_model_backends: Sequence[Row]  # (provider_model, backend, upstream_model), in order
+    models: Sequence[str]
+    model_chain: Sequence[Row]  # (model, provider_model), in fallback order
+    model_aliases: Sequence[Row]  # (alias, model)
+    roles: Sequence[str]
+    role_permissions: Sequence[Row]  # (role, permission)
+    principals: Sequence[Row]  # (id, name)
+    principal_roles: Sequence[Row]  # (principal_id, role)
+    keys: Sequence[Row]  # (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by)
+
+
+def _new_id() -> str:
+    return secrets.token_hex(8)
+
+
+def _bump_revision(tx: Transaction) -> int:
+    tx.execute("UPDATE config_revision SET revision = revision + 1 WHERE id = 1")
+    return int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+
+
+def _check_hash_free(tx: Transaction, key_hash: str, key_id: str | None, what: str) -> None:
+    rows = tx.query("SELECT id FROM api_keys WHERE key_hash = ?", (key_hash,))
+    if rows and rows[0][0] != key_id:
+        raise StoreConflict(f"{what}: the same secret is already used by key {rows[0][0]}")
+
+
+class Store:
+    """The store's operations over any ``Driver``. Methods are synchronous and thread-safe."""
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._driver.close()
+
+    def revision(self) -> int:
+        with self._driver.transaction(write=False) as tx:
+            return int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+
+    # --- declarative configuration ---------------------------------------------------------------------
+
+    def apply_config(
+        self, cfg: ConfigDoc, *, hash_key: bytes | None = None, environ: Mapping[str, str] | None = None
+    ) -> int:
+        """Make the store match ``cfg`` in one transaction; returns the new revision.
+
+        ``hash_key`` is needed when a key carries a ``secret``; ``environ`` (default ``os.environ``)
+        resolves ``api_key_env``. Nothing is written when any of that fails.
+        """
+        env = os.environ if environ is None else environ
+        backend_keys: dict[str, str | None] = {}
+        for i, b in enumerate(cfg.backends):
+            if b.api_key_env is not None:
+                value = env.get(b.api_key_env)
+                if not value:
+                    raise ConfigError(
+                        f"backends[{i}].api_key_env: environment variable {b.api_key_env} is not set"
+                    )
+                backend_keys[b.name] = value
+            else:
+                backend_keys[b.name] = b.api_key
+        key_hashes: dict[str, str] = {}
+        for k in cfg.keys:
+            if k.secret is not None:
+                if hash_key is None:
+                    raise ConfigError("a hash key is needed to import keys with a secret")
+                key_hashes[k.name] = hash_secret(k.secret, hash_key).hex()
+
+        with self._driver.transaction(write=True) as tx:
+            # Link tables are rebuilt wholesale; entities are upserted so that unchanged rows keep their
+            # identity, then whatever the document no longer names is deleted.
+            for table in (
+                "principal_roles",
+                "role_permissions",
+                "model_aliases",
+                "model_chain",
+                "provider_model_backends",
+            ):
+                tx.execute(f"DELETE FROM {table}")
+            self._apply_backends(tx, cfg.backends, backend_keys)
+            self._replace_names(tx, "provider_models", [m.name for m in cfg.provider_models])
+            tx.executemany(
+                "INSERT INTO provider_model_backends (provider_model, seq, backend, upstream_model) "
+                "VALUES (?, ?, ?, ?)",
+                [
+                    (m.name, i, e.backend, e.model)
+                    for m in cfg.provider_models
+                    for i, e in enumerate(m.backends)
+                ],
+            )
+            self._replace_names(tx, "models", [m.name for m in cfg.models])
+            tx.executemany(
+                "INSERT INTO model_chain (model, seq, provider_model) VALUES (?, ?, ?)",
+                [(m.name, i, pm) for m in cfg.models for i, pm in enumerate(m.chain)],
+            )
+            tx.executemany(
+                "INSERT INTO model_aliases (alias, model) VALUES (?, ?)",
+                [(a, m.name) for m in cfg.models for a in m.aliases],
+            )
+            self._replace_names(tx, "roles", [r.name for r in cfg.roles])
+            tx.executemany(
+                "INSERT INTO role_permissions (role, permission) VALUES (?, ?)",
+                [(r.name, p) for r in cfg.roles for p in r.permissions],
+            )
+            principal_ids = self._apply_principals(tx, cfg.principals)
+            tx.executemany(
+                "INSERT INTO principal_roles (principal_id, role) VALUES (?, ?)",
+                [(principal_ids[p.name], r) for p in cfg.principals for r in p.roles],
+            )
+            self._apply_keys(tx, cfg.keys, principal_ids, key_hashes)
+            return _bump_revision(tx)
+
+    @staticmethod
+    def _replace_names(tx: Transaction, table: str, names: Sequence[str]) -> None:
+        existing = {row[0] for row in tx.query(f"SELECT name FROM {table}")}
+        wanted = set(names)
+        tx.executemany(f"DELETE FROM {table} WHERE name = ?", [(n,) for n in existing - wanted])
+        tx.executemany(f"INSERT INTO {table} (name) VALUES (?)", [(n,) for n in names if n not in existing])
+
+    @staticmethod
+    def _apply_backends(
+        tx: Transaction, backends: Sequence[BackendSpec], keys: dict[str, str | None]
+    ) -> None:
+        existing = {row[0] for row in tx.query("SELECT name FROM backends")}
+        tx.executemany(
+            "DELETE FROM backends WHERE name = ?", [(n,) for n in existing - {b.name for b in backends}]
+        )
+        tx.executemany(
+            "INSERT INTO backends (name, url, protocol, api_key, api_key_env, connect_timeout, "
+            "first_byte_timeout, read_timeout) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET url = excluded.url, protocol = excluded.protocol, "
+            "api_key = excluded.api_key, api_key_env = excluded.api_key_env, "
+            "connect_timeout = excluded.connect_timeout, first_byte_timeout = excluded.first_byte_timeout, "
+            "read_timeout = excluded.read_timeout",
+            [
+                (
+                    b.name,
+                    b.url,
+                    b.protocol,
+                    keys[b.name],
+                    b.api_key_env,
+                    b.connect_timeout,
+                    b.first_byte_timeout,
+                    b.read_timeout,
+                )
+                for b in backends
+            ],
+        )
+
+    @staticmethod
+    def _apply_principals(tx: Transaction, principals: Sequence[PrincipalSpec]) -> dict[str, str]:
+        existing: dict[str, str] = {row[1]: row[0] for row in tx.query("SELECT id, name FROM principals")}
+        wanted = {p.name for p in principals}
+        gone = [(pid,) for name, pid in existing.items() if name not in wanted]
+        # Explicit rather than relying on ON DELETE CASCADE, which SQLite only honours when enabled.
+        tx.executemany("DELETE FROM api_keys WHERE principal_id = ?", gone)
+        tx.executemany("DELETE FROM principals WHERE id = ?", gone)
+        ids = {name: pid for name, pid in existing.items() if name in wanted}
+        new = [(_new_id(), p.name) for p in principals if p.name not in existing]
+        tx.executemany("INSERT INTO principals (id, name) VALUES (?, ?)", new)
+        ids.update((name, pid) for pid, name in new)
+        return ids
+
+    @staticmethod
+    def _apply_keys(
+        tx: Transaction, keys: Sequence[KeySpec], principal_ids: dict[str, str], hashes: dict[str, str]
+    ) -> None:
+        existing: dict[str, tuple[str, str]] = {
+            row[1]: (row[0], row[2])
+            for row in tx.query("SELECT id, name, managed_by FROM api_keys WHERE name IS NOT NULL")
+        }
+        wanted = {k.name for k in keys}
+        tx.executemany(
+            "DELETE FROM api_keys WHERE id = ?",
+            [(kid,) for name, (kid, by) in existing.items() if by == MANAGED_BY_FILE and name not in wanted],
+        )
+        now = time.time()
+        for i, k in enumerate(keys):
+            key_hash = hashes.get(k.name)
+            found = existing.get(k.name)
+            if found is None:
+                if key_hash is None:
+                    raise ConfigError(
+                        f"keys[{i}]: no key named {k.name!r} exists yet; give its secret to import it, "
+                        "or create it with `gateway keys create`"
+                    )
+                _check_hash_free(tx, key_hash, None, f"keys[{i}]")
+                tx.execute(
+                    "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, "
+                    "revoked_at, managed_by) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                    (
+                        _new_id(),
+                        k.name,
+                        principal_ids[k.principal],
+                        key_hash,
+                        now,
+                        k.expires_at,
+                        MANAGED_BY_FILE,
+                    ),
+                )
+                continue
+            key_id = found[0]
+            sets = "principal_id = ?, expires_at = ?, managed_by = ?"
+            params: list[Param] = [principal_ids[k.principal], k.expires_at, MANAGED_BY_FILE]
+            if key_hash is not None:
+                _check_hash_free(tx, key_hash, key_id, f"keys[{i}]")
+                sets += ", key_hash = ?"
+                params.append(key_hash)
+            tx.execute(f"UPDATE api_keys SET {sets} WHERE id = ?", (*params, key_id))
+
+    # --- keys ------------------------------------------------------------------------------------------
+
+    def create_key(
+        self, principal: str, name: str | None, expires_at: float | None, hash_key: bytes
+    ) -> tuple[str, str]:
+        """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored."""
+        if name is not None and (problem := check_name(name)):
+            raise ConfigError(f"key name {problem}")
+        secret = generate_secret()
+        key_hash = hash_secret(secret, hash_key).hex()
+        key_id = _new_id()
+        with self._driver.transaction(write=True) as tx:
+            rows = tx.query("SELECT id FROM principals WHERE name = ?", (principal,))
+            if not rows:
+                raise ConfigError(f"no principal named {principal!r}")
+            if name is not None and tx.query("SELECT 1 FROM api_keys WHERE name = ?", (name,)):
+                raise StoreConflict(f"a key named {name!r} already exists")
+            tx.execute(
+                "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, "
+                "managed_by) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                (key_id, name, rows[0][0], key_hash, time.time(), expires_at, MANAGED_BY_CLI),
+            )
+            _bump_revision(tx)
+        return key_id, secret
+
+    def revoke_key(self, key_id_or_name: str) -> None:
+        """Revoke by id, or else by name. Revoking a revoked key changes nothing (and bumps nothing)."""
+        with self._driver.transaction(write=True) as tx:
+            rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE id = ?", (key_id_or_name,))
+            if not rows:
+                rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE name = ?", (key_id_or_name,))
+            if not rows:
+                raise ConfigError(f"no key with id or name {key_id_or_name!r}")
+            if rows[0][1] is not None:
+                return
+            tx.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), rows[0][0]))
+            _bump_revision(tx)
+
+    def list_keys(self, principal: str | None = None) -> list[KeyInfo]:
+        sql = (
+            "SELECT k.id, k.name, p.name, k.key_hash, k.created_at, k.expires_at, k.revoked_at, k.managed_by "
+            "FROM api_keys k JOIN principals p ON p.id = k.principal_id"
+        )
+        with self._driver.transaction(write=False) as tx:
+            if principal is None:
+                rows = tx.query(sql + " ORDER BY p.name, k.created_at, k.id")
+            else:
+                if not tx.query("SELECT 1 FROM principals WHERE name = ?", (principal,)):
+                    raise ConfigError(f"no principal named {principal!r}")
+                rows = tx.query(sql + " WHERE p.name = ? ORDER BY k.created_at, k.id", (principal,))
+        return [
+            KeyInfo(
+                id=r[0],
+                name=r[1],
+                principal=r[2],
+                hash_prefix=str(r[3])[:8],
+                created_at=float(r[4]),
+                expires_at=None if r[5] is None else float(r[5]),
+                revoked_at=None if r[6] is None else float(r[6]),
+                managed_by=r[7],
+            )
+            for r in rows
+        ]
+
+    def principals(self) -> list[PrincipalInfo]:
+        now = time.time()
+        with self._driver.transaction(write=False) as tx:
+            principals = tx.query("SELECT id, name FROM principals ORDER BY name")
+            roles = tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role")
+            counts = tx.query(
+                "SELECT principal_id, COUNT(*) FROM api_keys WHERE revoked_at IS NULL "
+                "AND (expires_at IS NULL OR expires_at > ?) GROUP BY principal_id",
+                (now,),
+            )
+        by_principal: dict[str, list[str]] = {}
+        for pid, role in roles:
+            by_principal.setdefault(pid, []).append(role)
+        active = {pid: int(n) for pid, n in counts}
+        return [
+            PrincipalInfo(pid, name, tuple(by_principal.get(pid, ())), active.get(pid, 0))
+            for pid, name in principals
+        ]
+
+    # --- reading everything ----------------------------------------------------------------------------
+
+    def read_state(self, *, include_revoked_keys: bool = False) -> StoreState:
+        """Every row, from one read transaction, so that they agree with each other and the revision."""
+        key_sql = (
+            "SELECT id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by "
+            "FROM api_keys"
+        )
+        if not include_revoked_keys:
+            key_sql += " WHERE revoked_at IS NULL"
+        with self._driver.transaction(write=False) as tx:
+            revision = int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+            return StoreState(
+                revision=revision,
+                backends=tx.query(
+                    "SELECT name, url, protocol, api_key, api_key_env, connect_timeout, first_byte_timeout, "
+                    "read_timeout FROM backends ORDER BY name"
+                ),
+                provider_models=[r[0] for r in tx.query("SELECT name FROM provider_models ORDER BY name")],
+                provider_model_backends=tx.query(
+                    "SELECT provider_model, backend, upstream_model FROM provider_model_backends "
+                    "ORDER BY provider_model, seq"
+                ),
+                models=[r[0] for r in tx.query("SELECT name FROM models ORDER BY name")],
+                model_chain=tx.query("SELECT model, provider_model FROM model_chain ORDER BY model, seq"),
+                model_aliases=tx.query("SELECT alias, model FROM model_aliases ORDER BY model, alias"),
+                roles=[r[0] for r in tx.query("SELECT name FROM roles ORDER BY name")],
+                role_permissions=tx.query(
+                    "SELECT role, permission FROM role_permissions ORDER BY role, permission"
+                ),
+                principals=tx.query("SELECT id, name FROM principals ORDER BY name"),
+                principal_roles=tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role"),
+                keys=tx.query(key_sql),
+            )
+
+    def config_doc(self) -> ConfigDoc:
+        """The current configuration as a document: what ``apply_config`` would need to reproduce it.
+
+        Keys come without secrets, and only those the file manages (CLI keys survive an apply anyway).
+        A backend whose key came from ``api_key_env`` is written with the variable's name, not its value.
+        """
+        st = self.read_state()
+        pm_backends: dict[str, list[ProviderBackend]] = {}
+        for pm, backend, upstream in st.provider_model_backends:
+            pm_backends.setdefault(pm, []).append(ProviderBackend(backend, upstream))
+        chains: dict[str, list[str]] = {}
+        for model, pm in st.model_chain:
+            chains.setdefault(model, []).append(pm)
+        aliases: dict[str, list[str]] = {}
+        for alias, model in st.model_aliases:
+            aliases.setdefault(model, []).append(alias)
+        perms: dict[str, list[str]] = {}
+        for role, perm in st.role_permissions:
+            perms.setdefault(role, []).append(perm)
+        roles_of: dict[str, list[str]] = {}
+        for pid, role in st.principal_roles:
+            roles_of.setdefault(pid, []).append(role)
+        principal_names = {pid: name for pid, name in st.principals}
+        return ConfigDoc(
+            backends=tuple(
+                BackendSpec(
+                    name,
+                    url,
+                    protocol,
+                    None if env_name else api_key,
+                    env_name,
+                    float(ct),
+                    float(fb),
+                    float(rt),
+                )
+                for name, url, protocol, api_key, env_name, ct, fb, rt in st.backends
+            ),
+            provider_models=tuple(
+                ProviderModelSpec(n, tuple(pm_backends.get(n, ()))) for n in st.provider_models
+            ),
+            models=tuple(
+                ModelSpec(n, tuple(chains.get(n, ())), tuple(aliases.get(n, ()))) for n in st.models
+            ),
+            roles=tuple(RoleSpec(n, tuple(perms.get(n, ()))) for n in st.roles),
+            principals=tuple(
+                PrincipalSpec(name, tuple(roles_of.get(pid, ()))) for pid, name in st.principals
+            ),
+            keys=tuple(
+                KeySpec(k[1], principal_names[k[2]], None, None if k[5] is None else float(k[5]))
+                for k in sorted(st.keys, key=lambda k: str(k[1]))
+                if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names
+            ),
+        )

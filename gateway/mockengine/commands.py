@@ -1,0 +1,88 @@
+"""``gateway mock-engine``: run the mock vLLM engine in the foreground until SIGTERM or SIGINT.
+
+``register`` adds the subcommand to the main CLI; ``main`` parses the same flags on their own, so tests can
+start the mock without the rest of the CLI. I/O: binds the listener and prints one
+``mock-engine listening on http://HOST:PORT`` line to stdout once it is bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from gateway.mockengine.behaviour import Behaviour
+from gateway.mockengine.server import MockEngine, serve
+
+__all__ = ["add_arguments", "main", "register", "run"]
+
+DEFAULT_MODEL = "mock-model"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8001, help="port to listen on (default 8001)")
+    p.add_argument(
+        "--model",
+        action="append",
+        dest="models",
+        metavar="NAME",
+        help=f"model name served and reported; repeatable (default {DEFAULT_MODEL})",
+    )
+    p.add_argument("--tokens", type=int, default=16, help="completion tokens per answer (default 16)")
+    p.add_argument(
+        "--token-delay", type=float, default=0.0, help="seconds between streamed tokens (default 0)"
+    )
+    p.add_argument("--delay", type=float, default=0.0, help="seconds before answering (default 0)")
+    p.add_argument("--fail-status", type=int, default=None, help="answer every API request with this status")
+    p.add_argument(
+        "--backpressure",
+        type=int,
+        default=8192,
+        help="most connections served at once (default 8192, enough for thousands of slow streams)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "mock-engine",
+        help="run a mock vLLM-compatible engine for tests and demos",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def defaults_from_args(args: argparse.Namespace) -> Behaviour:
+    """The behaviour ``/mock/reset`` returns to. Raises ``ValueError`` for out-of-range flags."""
+    return Behaviour().merged(
+        {
+            "tokens": args.tokens,
+            "token_delay": args.token_delay,
+            "delay": args.delay,
+            "fail_status": args.fail_status,
+        }
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        defaults = defaults_from_args(args)
+    except ValueError as exc:
+        print(f"gateway mock-engine: {exc}", file=sys.stderr)
+        return 2
+    engine = MockEngine(defaults, args.models or [DEFAULT_MODEL])
+
+    def announce() -> None:
+        print(f"mock-engine listening on http://{args.host}:{args.port}", flush=True)
+
+    asyncio.run(serve(engine, args.host, args.port, backpressure=args.backpressure, on_listening=announce))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gateway mock-engine", description=__doc__)
+    add_arguments(p)
+    return run(p.parse_args(argv))

@@ -1,0 +1,1 @@
+"""Benchmarks for the gateway: ``python -m perf.bench`` (see perf/README.md). Never collected by pytest."""

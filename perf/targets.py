@@ -1,0 +1,349 @@
+"""The processes a benchmark runs: the nginx mock engine, the nginx reverse proxy and the gateway.
+
+Each ``Service`` is a subprocess started from this checkout, owned by PID: ``stop()`` sends SIGTERM to the
+process it started, then SIGKILL to every PID of its process tree that is still alive. ``ProcessTree``
+reads /proc to account CPU time and peak RSS over a process and all its descendants.
+I/O: subprocesses, loopback sockets, files under the temp directory each service is given, /proc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from perf.nginx import nginx_binary, render_proxy, render_upstream
+
+__all__ = [
+    "BENCH_KEY",
+    "BENCH_MODEL",
+    "CLK_TCK",
+    "ROOT",
+    "GatewayService",
+    "NginxService",
+    "ProcessTree",
+    "Service",
+    "TreeSample",
+    "free_port",
+    "gateway_config",
+    "http_request",
+    "machine_cpu_ticks",
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_MODEL = "bench-model"
+BENCH_KEY = "sk-gw-bench-0000000000000000000000"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_request(
+    port: int, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    """One request on a fresh loopback connection; (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the benchmark dies without tearing down, the kernel sends
+    SIGTERM to the child (PR_SET_PDEATHSIG), so nothing is left listening."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeSample:
+    """CPU ticks per PID at one instant, and the summed peak RSS and current PSS of those processes.
+
+    RSS sums count pages shared between forked workers once per process; PSS divides each shared page
+    among its sharers, so the PSS sum is what the processes take together (at the sampling instant)."""
+
+    ticks: dict[int, int]
+    peak_rss_bytes: int
+    pss_bytes: int
+    at: float
+
+    def cpu_seconds_since(self, before: TreeSample) -> float:
+        # A PID present only before (a process that exited mid-cell) loses its last ticks; a PID present
+        # only after (a respawned worker) counts from zero. Both are rare and reported by `pids` changing.
+        delta = sum(t - before.ticks.get(pid, 0) for pid, t in self.ticks.items())
+        return delta / CLK_TCK
+
+    def cpu_seconds_by_pid(self, before: TreeSample) -> dict[int, float]:
+        return {pid: (t - before.ticks.get(pid, 0)) / CLK_TCK for pid, t in self.ticks.items()}
+
+
+class ProcessTree:
+    """A root PID and its descendants, found by walking the ppid field of every /proc/<pid>/stat."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+
+    def pids(self) -> list[int]:
+        children: dict[int, list[int]] = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            fields = _stat_fields(int(entry.name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+        found, todo = [], [self.root]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            todo.extend(children.get(pid, ()))
+        return sorted(found)
+
+    def sample(self) -> TreeSample:
+        ticks: dict[int, int] = {}
+        rss = pss = 0
+        for pid in self.pids():
+            fields = _stat_fields(pid)
+            if fields is None:
+                continue
+            # After the ")" that ends comm: state=0, ppid=1, ... utime=11, stime=12 (stat(5) fields 14, 15).
+            ticks[pid] = int(fields[11]) + int(fields[12])
+            rss += _status_kib(pid, "VmHWM:") * 1024
+            pss += _rollup_kib(pid, "Pss:") * 1024
+        return TreeSample(ticks, rss, pss, time.monotonic())
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm may hold spaces and parentheses: split after the last ")".
+    return raw[raw.rindex(b")") + 2 :].decode().split()
+
+
+def _status_kib(pid: int, label: str) -> int:
+    """A kB line of /proc/<pid>/status (VmHWM: the process's peak resident set); 0 if it is gone."""
+    return _kib_line(Path(f"/proc/{pid}/status"), label)
+
+
+def _rollup_kib(pid: int, label: str) -> int:
+    return _kib_line(Path(f"/proc/{pid}/smaps_rollup"), label)
+
+
+def _kib_line(path: Path, label: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith(label):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def machine_cpu_ticks() -> tuple[int, int]:
+    """(busy, steal) ticks summed over all CPUs since boot, from the first line of /proc/stat."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal ...: busy is everything but idle and iowait.
+    return f[0] + f[1] + f[2] + f[5] + f[6] + f[7], f[7]
+
+
+class Service:
+    """A subprocess started in ``workdir`` and stopped by PID, its descendants included."""
+
+    name = "service"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / f"{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def tree(self) -> ProcessTree:
+        assert self.proc is not None
+        return ProcessTree(self.proc.pid)
+
+    def start(self) -> Service:
+        """Start the process and return once it answers; raises if it exits or times out first."""
+        raise NotImplementedError
+
+    def process_labels(self) -> dict[int, str]:
+        """A role name for each PID of the tree, for per-process figures."""
+        root = self.proc.pid if self.proc else 0
+        return {pid: "main" if pid == root else "child" for pid in self.tree().pids()}
+
+    def _spawn(self, argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            )
+
+    def _wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        last: BaseException | None = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if check():
+                    return
+            except OSError as exc:  # refused / reset while it starts
+                last = exc
+            time.sleep(0.05)
+        tail = self.log_tail()
+        raise TimeoutError(f"{self.name}: {what} not reached in {timeout}s (last error {last!r})\n{tail}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        pids = ProcessTree(proc.pid).pids() if proc.poll() is None else []
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pid in pids:  # workers that outlived their parent
+            if pid != proc.pid:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.proc = None
+
+
+class NginxService(Service):
+    """nginx in the foreground (``daemon off``) with its prefix, config and logs in a temp directory."""
+
+    def __init__(self, workdir: Path, name: str, config: Callable[[int], str]) -> None:
+        self.name = name
+        super().__init__(workdir)
+        self.prefix = workdir / name
+        (self.prefix / "tmp").mkdir(parents=True)
+        self.conf_path = self.prefix / "nginx.conf"
+        self.conf_path.write_text(config(self.port))
+
+    @classmethod
+    def upstream(cls, workdir: Path) -> NginxService:
+        return cls(workdir, "upstream", lambda port: render_upstream(port, workers=1))
+
+    @classmethod
+    def proxy(cls, workdir: Path, upstream_port: int, workers: int = 2) -> NginxService:
+        return cls(workdir, "nginx", lambda port: render_proxy(port, upstream_port, workers=workers))
+
+    def start(self) -> NginxService:
+        argv = [nginx_binary(), "-p", str(self.prefix), "-c", str(self.conf_path), "-g", "daemon off;"]
+        self._spawn(argv, cwd=self.prefix)
+        self._wait(lambda: http_request(self.port, "GET", "/")[0] == 200, 10.0, "GET / answering 200")
+        return self
+
+    def process_labels(self) -> dict[int, str]:
+        return {
+            pid: "master" if label == "main" else "worker" for pid, label in super().process_labels().items()
+        }
+
+    def log_tail(self, lines: int = 30) -> str:
+        own = super().log_tail(lines)
+        err = self.prefix / "error.log"
+        return own + ("\n" + err.read_text(errors="replace") if err.exists() else "")
+
+
+def gateway_config(upstream_url: str) -> str:
+    """One backend (the mock engine), one model, one principal allowed to use it, and its key."""
+    return f"""\
+[[backends]]
+name = "engine"
+url = "{upstream_url}"
+
+[[provider_models]]
+name = "mock-model"
+backends = [{{ backend = "engine", model = "mock-model" }}]
+
+[[models]]
+name = "{BENCH_MODEL}"
+chain = ["mock-model"]
+
+[[roles]]
+name = "bench"
+permissions = ["model/*"]
+
+[[principals]]
+name = "bench"
+roles = ["bench"]
+
+[[keys]]
+principal = "bench"
+name = "bench-key"
+secret = "{BENCH_KEY}"
+"""
+
+
+class GatewayService(Service):
+    """``python -m gateway serve`` from this checkout, with its own TOML config and data directory."""
+
+    name = "gateway"
+
+    def __init__(self, workdir: Path, upstream_url: str, workers: int = 2) -> None:
+        super().__init__(workdir)
+        self.workers = workers
+        self.data_dir = workdir / "gateway-data"
+        self.config_path = workdir / "gateway.toml"
+        self.config_path.write_text(gateway_config(upstream_url))
+
+    def start(self, timeout: float = 30.0) -> GatewayService:
+        argv = [
+            sys.executable, "-m", "gateway", "serve",
+            "--config", str(self.config_path),
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port),
+            "--workers", str(self.workers),
+            "--grace-period", "2",
+        ]  # fmt: skip
+        self._spawn(argv, cwd=ROOT)
+
+        # SO_REUSEPORT spreads fresh connections over the workers: ask several times so each has answered.
+        def ready() -> bool:
+            return all(http_request(self.port, "GET", "/readyz")[0] == 200 for _ in range(4 * self.workers))
+
+        self._wait(ready, timeout, "/readyz answering 200 from every worker")
+        return self
+
+    def process_labels(self) -> dict[int, str]:
+        """``supervisor`` and the worker names the supervisor records in its state file."""
+        labels = {
+            pid: "supervisor" if label == "main" else label for pid, label in super().process_labels().items()
+        }
+        try:
+            state = json.loads((self.data_dir / "run" / "supervisor.json").read_text())
+            labels.update({int(w["pid"]): str(w["name"]) for w in state.get("workers", []) if w.get("pid")})
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # labels are a convenience; the figures do not depend on them
+        return labels

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages a target needs, only when missing (CI starts from a machine with none).
+#   system-deps.sh test    what `make test` drives for real
+#   system-deps.sh bench   what `make bench` drives (nginx as mock upstream and reference proxy, wrk)
+set -euo pipefail
+want=()
+need() { command -v "$1" >/dev/null 2>&1 || [ -x "$2" ] || want+=("$3"); }
+case "${1:-test}" in
+    test)
+        need git /usr/bin/git git
+        ;;
+    bench)
+        need nginx /usr/sbin/nginx nginx-light
+        need wrk /usr/bin/wrk wrk
+        ;;
+esac
+if [ ${#want[@]} -gt 0 ]; then
+    echo "installing Debian packages: ${want[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null
+fi

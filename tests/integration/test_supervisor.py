@@ -1,0 +1,174 @@
+"""The process model under change: config writes and reloads while requests flow, a worker killed
+under load, and a drain that lets an in-flight stream finish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+class Load:
+    """Requests on fresh connections (so SO_REUSEPORT spreads them over every worker) until stopped."""
+
+    def __init__(self, gw: Gateway, key: str, threads: int = 3) -> None:
+        self.gw, self.key = gw, key
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = httpx.post(
+                    self.gw.url + "/v1/chat/completions",
+                    timeout=10,
+                    headers={"authorization": f"Bearer {self.key}"},
+                    json={"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 1},
+                )
+                if r.status_code == 200:
+                    self.ok += 1
+                else:
+                    self.failures.append(f"{r.status_code} {r.text[:200]}")
+            except httpx.HTTPError as exc:
+                self.failures.append(repr(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+
+def answers(gw: Gateway, key: str, n: int = 40) -> list[int]:
+    return [
+        httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture
+def engine(tmp_path) -> Iterator[MockEngine]:  # type: ignore[no-untyped-def]
+    e = MockEngine(tmp_path)
+    yield e
+    e.stop()
+
+
+def test_config_changes_reach_every_worker_within_a_second(tmp_path, engine: MockEngine) -> None:  # type: ignore[no-untyped-def]
+    gw = Gateway(tmp_path, basic_config({"a": engine.url}), workers=4)
+    try:
+        steady = gw.create_key("alice")
+        wait_until(lambda: set(answers(gw, steady, 8)) == {200}, what="first key")
+        load = Load(gw, steady)
+        try:
+            time.sleep(0.5)
+            fresh = gw.cli("keys", "create", "--principal", "alice", "--name", "fresh").stdout.strip()
+            time.sleep(1.0)
+            assert set(answers(gw, fresh)) == {200}
+            gw.cli("keys", "revoke", "fresh")
+            time.sleep(1.0)
+            assert set(answers(gw, fresh)) == {401}
+            # SIGHUP re-reads the file: a principal added to it becomes usable without a restart.
+            gw.config_path.write_text(
+                basic_config({"a": engine.url}) + '\n[[principals]]\nname = "carol"\nroles = ["chatter"]\n'
+            )
+            gw.signal(signal.SIGHUP)
+            wait_until(
+                lambda: gw.cli("keys", "create", "--principal", "carol", check=False).returncode == 0,
+                what="carol applied",
+            )
+            carol = gw.cli("keys", "list", "--principal", "carol").stdout
+            assert "carol" in carol
+            time.sleep(0.5)
+        finally:
+            load.stop()
+        assert load.failures == []
+        assert load.ok > 20
+    finally:
+        assert gw.stop() == 0
+
+
+def test_killed_worker_is_restarted_while_others_serve(tmp_path, engine: MockEngine) -> None:  # type: ignore[no-untyped-def]
+    gw = Gateway(tmp_path, basic_config({"a": engine.url}), workers=3)
+    try:
+        key = gw.create_key("alice")
+        wait_until(lambda: set(answers(gw, key, 8)) == {200}, what="key")
+        victim = gw.worker_pids()[0]
+        load = Load(gw, key)
+        try:
+            time.sleep(0.3)
+            os.kill(victim, signal.SIGKILL)
+            ok_at_kill = load.ok
+            wait_until(
+                lambda: victim not in gw.worker_pids() and len(gw.worker_pids()) == 3,
+                timeout=15,
+                what="worker restarted",
+            )
+            time.sleep(0.5)
+        finally:
+            load.stop()
+        assert load.ok > ok_at_kill, "the other workers kept serving"
+        restarted = [w for w in gw.state()["workers"] if w["restarts"]]
+        assert len(restarted) == 1 and restarted[0]["pid"] != victim
+        # Only requests that were inside the killed worker may fail; everything after the restart works.
+        assert len(load.failures) <= 3 * 2
+        assert set(answers(gw, key)) == {200}
+    finally:
+        assert gw.stop() == 0
+
+
+def test_sigterm_lets_a_stream_finish_then_exits_zero(tmp_path, engine: MockEngine) -> None:  # type: ignore[no-untyped-def]
+    gw = Gateway(tmp_path, basic_config({"a": engine.url}), workers=2)
+    key = gw.create_key("alice")
+    wait_until(lambda: set(answers(gw, key, 8)) == {200}, what="key")
+    engine.configure(token_delay=0.1)
+    got: list[bytes] = []
+    first = threading.Event()
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            gw.url + "/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            json={
+                "model": "chat",
+                "messages": [{"role": "user", "content": "q"}],
+                "max_tokens": 20,
+                "stream": True,
+            },
+            timeout=30,
+        ) as r:
+            for chunk in r.iter_raw():
+                got.append(chunk)
+                first.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    assert first.wait(10)
+    gw.signal(signal.SIGTERM)
+    t.join(30)
+    assert gw.proc.wait(30) == 0
+    body = b"".join(got)
+    assert body.rstrip().endswith(b"data: [DONE]")
+    direct = httpx.post(
+        engine.url + "/v1/chat/completions",
+        timeout=30,
+        json={
+            "model": "mock-model",
+            "messages": [{"role": "user", "content": "q"}],
+            "max_tokens": 20,
+            "stream": True,
+        },
+    ).content
+    assert body.count(b"data: ") == direct.count(b"data: ")

@@ -1,0 +1,319 @@
+"""The TOML config file: parsing, defaults, one row per validation error, the example file, dump/parse."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.controlplane.configfile import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_FIRST_BYTE_TIMEOUT,
+    DEFAULT_READ_TIMEOUT,
+    BackendSpec,
+    ConfigDoc,
+    KeySpec,
+    ModelSpec,
+    PrincipalSpec,
+    ProviderBackend,
+    RoleSpec,
+    dump_config,
+    load_config,
+    parse_config,
+    parse_timestamp,
+)
+from gateway.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "gateway.toml"
+
+BASE: dict[str, Any] = {
+    "backends": [
+        {"name": "a", "url": "http://127.0.0.1:8001"},
+        {"name": "b", "url": "https://b.example/v1/", "protocol": "anthropic", "api_key": "k"},
+    ],
+    "provider_models": [
+        {"name": "llama", "backends": [{"backend": "a", "model": "meta/llama"}, "b"]},
+        {"name": "qwen", "backends": [{"backend": "b"}]},
+    ],
+    "models": [{"name": "chat", "chain": ["llama", "qwen"], "aliases": ["gpt-4o-mini"]}],
+    "roles": [{"name": "user", "permissions": ["model/chat", "usage:read"]}],
+    "principals": [{"name": "alice", "roles": ["user"]}],
+    "keys": [{"name": "alice-dev", "principal": "alice", "secret": "sk-gw-0123456789abcdef"}],
+}
+
+
+def test_base_document_parses_with_defaults() -> None:
+    doc = parse_config(BASE, "base")
+    assert doc.backends[0] == BackendSpec(
+        "a",
+        "http://127.0.0.1:8001",
+        "openai",
+        None,
+        None,
+        DEFAULT_CONNECT_TIMEOUT,
+        DEFAULT_FIRST_BYTE_TIMEOUT,
+        DEFAULT_READ_TIMEOUT,
+    )
+    assert doc.backends[1].url == "https://b.example/v1"  # trailing slash dropped
+    assert doc.backends[1].api_key == "k"
+    assert doc.provider_models[0].backends == (
+        ProviderBackend("a", "meta/llama"),
+        ProviderBackend("b", "llama"),
+    )
+    assert doc.provider_models[1].backends == (ProviderBackend("b", "qwen"),)
+    assert doc.models == (ModelSpec("chat", ("llama", "qwen"), ("gpt-4o-mini",)),)
+    assert doc.roles == (RoleSpec("user", ("model/chat", "usage:read")),)
+    assert doc.principals == (PrincipalSpec("alice", ("user",)),)
+    assert doc.keys == (KeySpec("alice-dev", "alice", "sk-gw-0123456789abcdef", None),)
+
+
+def test_empty_document_is_valid() -> None:
+    assert parse_config({}, "empty") == ConfigDoc()
+
+
+def test_secrets_are_not_in_repr() -> None:
+    doc = parse_config(BASE, "base")
+    assert "sk-gw-0123456789abcdef" not in repr(doc)
+    assert "api_key='k'" not in repr(doc)
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: str, value: Any) -> Mutation:
+    """A mutation setting ``section[i].field`` (or a top-level key) on a copy of BASE."""
+
+    def mutate(doc: dict[str, Any]) -> None:
+        target: Any = doc
+        parts = path.replace("]", "").replace("[", ".").split(".")
+        for part in parts[:-1]:
+            target = target[int(part)] if part.isdigit() else target[part]
+        last = parts[-1]
+        if value is _DELETE:
+            del target[int(last) if last.isdigit() else last]
+        elif last.isdigit():
+            target[int(last)] = value
+        else:
+            target[last] = value
+
+    return mutate
+
+
+def _append(section: str, item: Any) -> Mutation:
+    def mutate(doc: dict[str, Any]) -> None:
+        doc.setdefault(section, []).append(item)
+
+    return mutate
+
+
+_DELETE = object()
+
+ERRORS: list[tuple[str, Mutation, str]] = [
+    ("unknown section", _set("backend", []), "backend: unknown field"),
+    ("section not array", _set("backends", {"name": "a"}), "backends: must be an array of tables"),
+    ("entry not table", _set("roles[0]", "user"), "roles[0]: must be a table"),
+    ("unknown field", _set("backends[0].urll", "x"), "backends[0].urll: unknown field"),
+    ("missing name", _set("backends[0].name", _DELETE), "backends[0].name: is required"),
+    ("name with space", _set("backends[0].name", "a b"), "backends[0].name: must be 1-200 characters"),
+    ("name not string", _set("roles[0].name", 3), "roles[0].name: must be a string"),
+    ("missing url", _set("backends[0].url", _DELETE), "backends[0].url: is required"),
+    (
+        "bad url scheme",
+        _set("backends[1].url", "ftp://x"),
+        "backends[1].url: must be an http:// or https:// URL",
+    ),
+    (
+        "url without host",
+        _set("backends[1].url", "http://"),
+        "backends[1].url: must be an http:// or https:// URL",
+    ),
+    ("bad protocol", _set("backends[0].protocol", "grpc"), "backends[0].protocol: must be one of openai"),
+    ("key and env", _set("backends[1].api_key_env", "X"), "backends[1].api_key_env: give either api_key"),
+    (
+        "bad env name",
+        _set("backends[0].api_key_env", "1-X"),
+        "backends[0].api_key_env: must be an environment",
+    ),
+    ("empty api key", _set("backends[1].api_key", ""), "backends[1].api_key: must be a non-empty string"),
+    (
+        "zero timeout",
+        _set("backends[0].connect_timeout", 0),
+        "backends[0].connect_timeout: must be a positive",
+    ),
+    ("bool timeout", _set("backends[0].read_timeout", True), "backends[0].read_timeout: must be a positive"),
+    ("str timeout", _set("backends[0].first_byte_timeout", "5"), "backends[0].first_byte_timeout: must be"),
+    ("inf timeout", _set("backends[0].read_timeout", float("inf")), "backends[0].read_timeout: must be"),
+    ("duplicate backend", _set("backends[1].name", "a"), "backends[1].name: duplicate backend name 'a'"),
+    (
+        "pm no backends",
+        _set("provider_models[0].backends", []),
+        "provider_models[0].backends: must be a non-empty",
+    ),
+    (
+        "pm missing backends",
+        _set("provider_models[0].backends", _DELETE),
+        "provider_models[0].backends: is required",
+    ),
+    (
+        "pm entry bad",
+        _set("provider_models[0].backends[0]", 5),
+        "provider_models[0].backends[0]: must be a backend",
+    ),
+    (
+        "pm entry unknown field",
+        _set("provider_models[0].backends[0].weight", 2),
+        "provider_models[0].backends[0].weight: unknown field",
+    ),
+    (
+        "pm unknown backend",
+        _set("provider_models[1].backends[0].backend", "zz"),
+        "provider_models[1].backends[0].backend: unknown backend 'zz'",
+    ),
+    (
+        "pm duplicate entry",
+        _set("provider_models[0].backends[1]", {"backend": "a", "model": "meta/llama"}),
+        "provider_models[0].backends[1]: duplicate entry",
+    ),
+    ("chain missing", _set("models[0].chain", _DELETE), "models[0].chain: is required"),
+    ("chain empty", _set("models[0].chain", []), "models[0].chain: must not be empty"),
+    ("chain not list", _set("models[0].chain", "llama"), "models[0].chain: must be an array of strings"),
+    ("chain unknown", _set("models[0].chain[1]", "gpt"), "models[0].chain[1]: unknown provider model 'gpt'"),
+    ("chain duplicate", _set("models[0].chain[1]", "llama"), "models[0].chain[1]: duplicate entry 'llama'"),
+    (
+        "alias collides model",
+        _set("models[0].aliases[0]", "chat"),
+        "models[0].aliases[0]: duplicate model name",
+    ),
+    (
+        "alias collides provider",
+        _set("models[0].aliases[0]", "qwen"),
+        "models[0].aliases[0]: duplicate model name",
+    ),
+    (
+        "model collides provider",
+        _append("models", {"name": "llama", "chain": ["llama"]}),
+        "models[1].name: duplicate model name or alias 'llama'",
+    ),
+    (
+        "alias used twice",
+        _append("models", {"name": "chat2", "chain": ["qwen"], "aliases": ["gpt-4o-mini"]}),
+        "models[1].aliases[0]: duplicate model name or alias 'gpt-4o-mini'",
+    ),
+    (
+        "permission empty model",
+        _set("roles[0].permissions[0]", "model/"),
+        "roles[0].permissions[0]: model/ needs",
+    ),
+    (
+        "permission with space",
+        _set("roles[0].permissions[0]", "model/a b"),
+        "roles[0].permissions[0]: must be",
+    ),
+    ("duplicate role", _append("roles", {"name": "user"}), "roles[1].name: duplicate role name 'user'"),
+    ("unknown role", _set("principals[0].roles[0]", "root"), "principals[0].roles[0]: unknown role 'root'"),
+    (
+        "duplicate principal",
+        _append("principals", {"name": "alice"}),
+        "principals[1].name: duplicate principal",
+    ),
+    ("key unknown principal", _set("keys[0].principal", "bob"), "keys[0].principal: unknown principal 'bob'"),
+    ("key missing principal", _set("keys[0].principal", _DELETE), "keys[0].principal: is required"),
+    ("key short secret", _set("keys[0].secret", "short"), "keys[0].secret: must be a string of at least 16"),
+    (
+        "duplicate key name",
+        _append("keys", {"name": "alice-dev", "principal": "alice"}),
+        "keys[1].name: duplicate key name 'alice-dev'",
+    ),
+    (
+        "duplicate key secret",
+        _append("keys", {"name": "k2", "principal": "alice", "secret": "sk-gw-0123456789abcdef"}),
+        "keys[1].secret: duplicate key secret",
+    ),
+    ("bad expiry text", _set("keys[0].expires_at", "next week"), "keys[0].expires_at: must be an RFC 3339"),
+    (
+        "naive expiry",
+        _set("keys[0].expires_at", "2027-01-01T00:00:00"),
+        "keys[0].expires_at: must carry a UTC",
+    ),
+    ("negative expiry", _set("keys[0].expires_at", -5), "keys[0].expires_at: must be a non-negative"),
+    ("bool expiry", _set("keys[0].expires_at", True), "keys[0].expires_at: must be an RFC 3339"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "expected"), [row[1:] for row in ERRORS], ids=[row[0] for row in ERRORS])
+def test_validation_error(mutate: Mutation, expected: str) -> None:
+    data = copy.deepcopy(BASE)
+    mutate(data)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.toml")
+    lines = info.value.message.splitlines()
+    assert any(line.startswith(f"cfg.toml: {expected}") for line in lines), lines
+
+
+def test_every_problem_is_reported_and_first_place_is_param() -> None:
+    data = copy.deepcopy(BASE)
+    data["backends"][0]["url"] = "nope"
+    data["principals"][0]["roles"] = ["root"]
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "x")
+    assert info.value.param == "backends[0].url"
+    assert len(info.value.message.splitlines()) == 2
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("2027-01-01T00:00:00Z", 1798761600.0),
+        ("2027-01-01T01:00:00+01:00", 1798761600.0),
+        (1798761600, 1798761600.0),
+        (1798761600.5, 1798761600.5),
+    ],
+)
+def test_parse_timestamp(value: object, expected: float) -> None:
+    assert parse_timestamp(value) == expected
+
+
+def test_toml_datetime_expiry(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[principals]]\nname = "p"\n'
+        '[[keys]]\nname = "k"\nprincipal = "p"\nexpires_at = 2027-01-01T00:00:00Z\n'
+    )
+    assert load_config(path).keys[0].expires_at == 1798761600.0
+
+
+def test_load_config_reports_toml_syntax_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[backends]\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: invalid TOML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match=r"missing.toml: cannot read"):
+        load_config(tmp_path / "missing.toml")
+
+
+def test_example_file_loads() -> None:
+    doc = load_config(EXAMPLE)
+    assert {b.name for b in doc.backends} == {"vllm-a", "vllm-b", "sglang-a", "anthropic"}
+    assert doc.models[0].aliases == ("gpt-4o-mini", "default")
+    assert next(b for b in doc.backends if b.name == "sglang-a").url == "http://10.0.0.21:30000"
+    assert [k.name for k in doc.keys] == ["alice-laptop", "batch-nightly"]
+
+
+def test_dump_then_parse_round_trips() -> None:
+    doc = load_config(EXAMPLE)
+    weird = BackendSpec('q"uo\\te', "http://h", api_key="line\nbreak\x01\x7f", read_timeout=0.5)
+    doc = ConfigDoc(
+        backends=(*doc.backends, weird),
+        provider_models=doc.provider_models,
+        models=doc.models,
+        roles=doc.roles,
+        principals=doc.principals,
+        keys=doc.keys,
+    )
+    text = dump_config(doc, "header line\nsecond")
+    assert text.startswith("# header line\n# second\n")
+    assert parse_config(tomllib.loads(text), "dumped") == doc

@@ -1,0 +1,333 @@
+"""The SQLite store: migrations, declarative apply, revision bumps, key create/revoke/list/expiry."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Settings
+from gateway.controlplane.configfile import ConfigDoc, KeySpec, RoleSpec, parse_config
+from gateway.controlplane.store import (
+    SqliteDriver,
+    Store,
+    StoreConflict,
+    StoreError,
+    apply_migrations,
+    available_migrations,
+    open_store,
+)
+from gateway.controlplane.store._migrate import Migration, split_statements
+from gateway.errors import ConfigError
+from gateway.keys import hash_secret
+
+HASH_KEY = bytes(range(32))
+SECRET = "sk-gw-imported-secret-0001"
+
+DOC = parse_config(
+    {
+        "backends": [
+            {"name": "a", "url": "http://127.0.0.1:8001", "connect_timeout": 2.0},
+            {"name": "b", "url": "http://127.0.0.1:8002", "api_key_env": "B_KEY"},
+        ],
+        "provider_models": [
+            {"name": "llama", "backends": [{"backend": "a", "model": "meta/llama"}, "b"]},
+            {"name": "qwen", "backends": ["b"]},
+        ],
+        "models": [{"name": "chat", "chain": ["llama", "qwen"], "aliases": ["gpt-4o-mini"]}],
+        "roles": [
+            {"name": "user", "permissions": ["model/chat"]},
+            {"name": "admin", "permissions": ["model/*", "key:create"]},
+        ],
+        "principals": [{"name": "alice", "roles": ["user"]}, {"name": "ops", "roles": ["admin", "user"]}],
+        "keys": [{"name": "alice-dev", "principal": "alice", "secret": SECRET}],
+    },
+    "test",
+)
+ENV = {"B_KEY": "secret-b"}
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data")
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[Store]:
+    with open_store(settings) as s:
+        yield s
+
+
+def _raw(settings: Settings) -> sqlite3.Connection:
+    return sqlite3.connect(settings.sqlite_path)
+
+
+def _apply(store: Store, doc: ConfigDoc = DOC) -> int:
+    return store.apply_config(doc, hash_key=HASH_KEY, environ=ENV)
+
+
+# --- opening and migrating ----------------------------------------------------------------------------------
+
+
+def test_open_creates_data_dir_wal_and_records_migrations(settings: Settings) -> None:
+    with open_store(settings) as store:
+        assert store.revision() == 0
+    assert settings.sqlite_path.is_file()
+    with _raw(settings) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == [m.version for m in available_migrations()]
+    assert versions[0] == 1
+
+
+def test_reopening_applies_nothing_twice(settings: Settings) -> None:
+    open_store(settings).close()
+    driver = SqliteDriver(settings.sqlite_path)
+    try:
+        assert apply_migrations(driver) == []
+    finally:
+        driver.close()
+
+
+def test_failed_migration_leaves_nothing_behind(tmp_path: Path) -> None:
+    driver = SqliteDriver(tmp_path / "m.sqlite3")
+    broken = Migration(1, "broken", "CREATE TABLE t1 (x TEXT);\nCREATE TABLEX nope;\n")
+    try:
+        with pytest.raises(StoreError):
+            apply_migrations(driver, [broken])
+        with driver.transaction(write=False) as tx:
+            assert tx.query("SELECT name FROM sqlite_master WHERE name = 't1'") == []
+            assert tx.query("SELECT version FROM schema_migrations") == []
+    finally:
+        driver.close()
+
+
+def test_split_statements_drops_comments_and_blank_lines() -> None:
+    sql = (
+        "-- header; with a semicolon\nCREATE TABLE a (\n  x TEXT -- note; here\n);\n"
+        "\nINSERT INTO a VALUES ('y');\n"
+    )
+    assert split_statements(sql) == ["CREATE TABLE a (\n  x TEXT\n)", "INSERT INTO a VALUES ('y')"]
+
+
+@pytest.mark.parametrize(
+    ("database", "message"),
+    [
+        ("postgresql://u@h/db", "PostgreSQL is not supported yet"),
+        ("postgres://u@h/db", "PostgreSQL is not supported yet"),
+        ("mysql://h/db", "unsupported database URL"),
+        ("sqlite:///", "unsupported database URL"),
+    ],
+)
+def test_unsupported_database_urls(tmp_path: Path, database: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        open_store(Settings(data_dir=tmp_path, database=database))
+
+
+def test_explicit_sqlite_url(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere" / "x.sqlite3"
+    with open_store(Settings(data_dir=tmp_path, database=f"sqlite:///{path}")) as store:
+        assert store.revision() == 0
+    assert path.is_file()
+
+
+# --- declarative apply --------------------------------------------------------------------------------------
+
+
+def test_apply_imports_everything_and_bumps_once(store: Store, settings: Settings) -> None:
+    assert _apply(store) == 1
+    assert store.revision() == 1
+    assert store.config_doc() == replace(
+        DOC,
+        # Keys come without their secret (the env variable's name is kept, its value is not exported);
+        # the store lists roles and permissions ordered by name.
+        roles=(RoleSpec("admin", ("key:create", "model/*")), RoleSpec("user", ("model/chat",))),
+        keys=(KeySpec("alice-dev", "alice", None, None),),
+    )
+    with _raw(settings) as conn:
+        assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == "secret-b"
+        (stored,) = conn.execute("SELECT key_hash FROM api_keys").fetchone()
+    assert stored == hash_secret(SECRET, HASH_KEY).hex()
+
+
+def test_apply_again_bumps_again_and_keeps_principal_ids(store: Store) -> None:
+    _apply(store)
+    ids = {p.name: p.id for p in store.principals()}
+    assert _apply(store) == 2
+    assert {p.name: p.id for p in store.principals()} == ids
+
+
+def test_apply_removes_what_the_file_no_longer_names(store: Store) -> None:
+    _apply(store)
+    cli_key, _ = store.create_key("ops", "ops-cli", None, HASH_KEY)
+    store.create_key("alice", None, None, HASH_KEY)
+    smaller = parse_config(
+        {
+            "backends": [{"name": "a", "url": "http://127.0.0.1:8001"}],
+            "provider_models": [{"name": "llama", "backends": ["a"]}],
+            "roles": [{"name": "admin", "permissions": ["model/*"]}],
+            "principals": [{"name": "ops", "roles": ["admin"]}],
+        },
+        "smaller",
+    )
+    assert _apply(store, smaller) == 4
+    doc = store.config_doc()
+    assert [b.name for b in doc.backends] == ["a"]
+    assert [m.name for m in doc.provider_models] == ["llama"]
+    assert doc.models == ()
+    assert [r.name for r in doc.roles] == ["admin"]
+    assert [p.name for p in store.principals()] == ["ops"]
+    # alice is gone, and with her both her file key and her CLI key; ops's CLI key survives.
+    assert [k.id for k in store.list_keys()] == [cli_key]
+
+
+def test_file_key_removed_from_file_is_deleted_cli_key_kept(store: Store) -> None:
+    _apply(store)
+    cli_key, _ = store.create_key("alice", "alice-cli", None, HASH_KEY)
+    _apply(store, replace(DOC, keys=()))
+    assert [(k.id, k.managed_by) for k in store.list_keys()] == [(cli_key, "cli")]
+
+
+def test_file_key_upsert_rotates_hash_and_keeps_it_without_secret(store: Store, settings: Settings) -> None:
+    _apply(store)
+    (key,) = store.list_keys()
+    rotated = "sk-gw-imported-secret-0002"
+    _apply(store, replace(DOC, keys=(KeySpec("alice-dev", "ops", rotated, 2e9),)))
+    (after,) = store.list_keys()
+    assert (after.id, after.principal, after.expires_at) == (key.id, "ops", 2e9)
+    assert after.hash_prefix == hash_secret(rotated, HASH_KEY).hex()[:8] != key.hash_prefix
+    _apply(store, replace(DOC, keys=(KeySpec("alice-dev", "alice", None, None),)))
+    (again,) = store.list_keys()
+    assert (again.hash_prefix, again.principal, again.expires_at) == (after.hash_prefix, "alice", None)
+
+
+def test_file_listing_a_cli_key_adopts_it(store: Store) -> None:
+    _apply(store)
+    key_id, _ = store.create_key("alice", "adopted", None, HASH_KEY)
+    _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("adopted", "alice"))))
+    assert {k.id: k.managed_by for k in store.list_keys()}[key_id] == "file"
+
+
+def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
+    _apply(store)
+    store.revoke_key("alice-dev")
+    _apply(store)
+    (key,) = store.list_keys()
+    assert key.status() == "revoked"
+
+
+@pytest.mark.parametrize(
+    ("doc", "kwargs", "message"),
+    [
+        (DOC, {"environ": {}}, "backends[1].api_key_env: environment variable B_KEY is not set"),
+        (DOC, {"environ": {"B_KEY": ""}}, "B_KEY is not set"),
+        (DOC, {"environ": ENV, "hash_key": None}, "a hash key is needed"),
+        (
+            replace(DOC, keys=(KeySpec("never-created", "alice"),)),
+            {"environ": ENV, "hash_key": HASH_KEY},
+            "keys[0]: no key named 'never-created' exists yet",
+        ),
+    ],
+)
+def test_failed_apply_changes_nothing(
+    store: Store, doc: ConfigDoc, kwargs: dict[str, object], message: str
+) -> None:
+    _apply(store)
+    before = store.config_doc()
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        store.apply_config(doc, **kwargs)  # type: ignore[arg-type]
+    assert store.revision() == 1
+    assert store.config_doc() == before
+
+
+def test_imported_secret_equal_to_a_stored_key_conflicts(store: Store) -> None:
+    _apply(store)
+    _, cli_secret = store.create_key("ops", "ops-cli", None, HASH_KEY)
+    with pytest.raises(StoreConflict, match="already used by key"):
+        _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("clash", "ops", cli_secret))))
+    assert store.revision() == 2
+
+
+def test_file_key_may_take_over_the_secret_of_a_key_it_removes(store: Store) -> None:
+    _apply(store)
+    _apply(store, replace(DOC, keys=(KeySpec("renamed", "alice", SECRET),)))
+    assert [k.name for k in store.list_keys()] == ["renamed"]
+
+
+# --- keys ---------------------------------------------------------------------------------------------------
+
+
+def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> None:
+    _apply(store)
+    key_id, secret = store.create_key("ops", "ops-1", None, HASH_KEY)
+    assert secret.startswith("sk-gw-")
+    assert store.revision() == 2
+    with _raw(settings) as conn:
+        rows = conn.execute("SELECT * FROM api_keys").fetchall()
+        (key_hash,) = conn.execute("SELECT key_hash FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    assert all(secret not in map(str, row) for row in rows)
+    assert key_hash == hash_secret(secret, HASH_KEY).hex()
+    assert secret.encode() not in settings.sqlite_path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("principal", "name", "error", "message"),
+    [
+        ("bob", None, ConfigError, "no principal named 'bob'"),
+        ("ops", "alice-dev", StoreConflict, "a key named 'alice-dev' already exists"),
+        ("ops", "has space", ConfigError, "key name must be 1-200 characters"),
+    ],
+)
+def test_create_key_errors(
+    store: Store, principal: str, name: str | None, error: type[Exception], message: str
+) -> None:
+    _apply(store)
+    with pytest.raises(error, match=message):
+        store.create_key(principal, name, None, HASH_KEY)
+    assert store.revision() == 1
+
+
+def test_revoke_by_id_and_by_name_bumps_once(store: Store) -> None:
+    _apply(store)
+    key_id, _ = store.create_key("ops", "ops-1", None, HASH_KEY)
+    store.revoke_key(key_id)
+    assert store.revision() == 3
+    store.revoke_key(key_id)  # already revoked: nothing changes
+    assert store.revision() == 3
+    store.revoke_key("alice-dev")
+    assert store.revision() == 4
+    assert {k.name: k.status() for k in store.list_keys()} == {"ops-1": "revoked", "alice-dev": "revoked"}
+    with pytest.raises(ConfigError, match="no key with id or name 'nope'"):
+        store.revoke_key("nope")
+
+
+def test_list_keys_filters_and_reports_expiry(store: Store) -> None:
+    _apply(store)
+    past = time.time() - 10
+    expired_id, _ = store.create_key("ops", "old", past, HASH_KEY)
+    live_id, _ = store.create_key("ops", None, time.time() + 3600, HASH_KEY)
+    ops = store.list_keys("ops")
+    assert [(k.id, k.status()) for k in ops] == [(expired_id, "expired"), (live_id, "active")]
+    assert ops[0].expires_at == past
+    assert ops[1].name is None and ops[1].managed_by == "cli" and len(ops[1].hash_prefix) == 8
+    assert [k.name for k in store.list_keys("alice")] == ["alice-dev"]
+    assert len(store.list_keys()) == 3
+    with pytest.raises(ConfigError, match="no principal named 'bob'"):
+        store.list_keys("bob")
+    assert {p.name: (p.roles, p.active_keys) for p in store.principals()} == {
+        "alice": (("user",), 1),
+        "ops": (("admin", "user"), 1),
+    }
+
+
+def test_second_connection_sees_commits(settings: Settings) -> None:
+    with open_store(settings) as writer, open_store(settings) as reader:
+        assert reader.revision() == 0
+        _apply(writer)
+        assert reader.revision() == 1
+        assert len(reader.list_keys()) == 1
