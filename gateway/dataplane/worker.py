@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
-from collections.abc import Callable
 
 from granian.constants import Interfaces
 from granian.server.embed import Server
@@ -30,19 +28,8 @@ log = logging.getLogger("gateway.dataplane")
 
 def run_proxy_worker(settings: Settings, snapshot_buf: memoryview, hash_key: bytes) -> int:
     app = ProxyApp(settings, hash_key, SnapshotReader(snapshot_buf))
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(_serve(settings, app))
+    asyncio.run(_serve(settings, app))
     return 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    if os.environ.get("GATEWAY_LOOP", "uvloop") == "uvloop":
-        try:
-            import uvloop
-        except ImportError:
-            return None
-        return uvloop.new_event_loop  # type: ignore[no-any-return]
-    return None
 
 
 async def _serve(settings: Settings, app: ProxyApp) -> None:
