@@ -13,13 +13,13 @@ $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/_ffi_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python setup.py -q build_ext --inplace --force
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 native: $(STAMP)
-	$(BIN)/python setup.py -q build_ext --inplace
+	$(BIN)/python setup.py -q build_ext --inplace --force
 
 # Debian packages the test suite drives for real (installed only when missing).
 system-deps:

@@ -1,0 +1,115 @@
+/*
+ * gateway_native.h: the C surface of gateway._gateway_native.
+ *
+ * Two independent parts:
+ *   - usage_tail.c: find the token usage in the last bytes of an LLM response (a pure function of bytes),
+ *     and a fixed-capacity tail buffer that keeps those last bytes;
+ *   - buckets.c: 64-bit atomics on caller-provided (usually shared) memory, and a lock-free table of GCRA
+ *     rate buckets and concurrency gauges living in such memory.
+ *
+ * No function here allocates, blocks, or performs I/O; the only system call is clock_gettime.
+ *
+ * The declarations between the "cffi:begin" and "cffi:end" markers are also what native/_ffi_build.py
+ * hands to cffi's cdef, so they must stay in the plain-C subset cffi parses: no preprocessor lines, no
+ * macros, no attributes.
+ */
+#ifndef GATEWAY_NATIVE_H
+#define GATEWAY_NATIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cffi:begin */
+
+/* Return codes. Non-negative values are outcomes, negative values are errors. */
+enum {
+    GW_OK = 0,
+    GW_REFUSED = 0,   /* take: not admitted now; retry_after_ns says for how long */
+    GW_ADMITTED = 1,  /* take: admitted */
+    GW_TOO_LARGE = 2, /* take: n > burst, never admissible under this limit */
+    GW_EINVAL = -1,   /* an argument is out of range (rate <= 0 or not finite, negative count, key 0) */
+    GW_EFULL = -2,    /* the bucket table has no free slot for a new key */
+    GW_EREGION = -3   /* the region is NULL, misaligned, too small or not initialised */
+};
+
+/* ---- usage_tail.c ----------------------------------------------------------------------------- */
+
+/* Token counts; every value is in [0, 2^53]. */
+typedef struct {
+    uint64_t prompt_tokens;
+    uint64_t completion_tokens;
+    uint64_t total_tokens;
+    uint64_t cached_tokens;
+} gw_usage;
+
+/* Parse the usage out of the tail of a response (see gateway/protocol/usage.py for the exact rules, which
+ * this function implements byte for byte). Returns 1 and fills *out when found, 0 when not (out is then
+ * left untouched). Reads only data[0, len). */
+int gw_usage_parse(const char *data, size_t len, gw_usage *out);
+
+/* A sliding window over the last `cap` bytes appended. `buf` points to 2 * cap bytes owned by the caller;
+ * the window is buf[len - min(len, cap), len). Set cap, buf and len = 0 before the first append. */
+typedef struct {
+    char *buf;
+    size_t cap;
+    size_t len;
+} gw_tail;
+
+/* Append n bytes; copies at most cap bytes of `data`, plus at most cap bytes of compaction. */
+void gw_tail_append(gw_tail *tail, const char *data, size_t n);
+
+/* gw_usage_parse over the current window. */
+int gw_tail_usage(const gw_tail *tail, gw_usage *out);
+
+/* Offset into buf where the current window starts; the window is len - start bytes long. */
+size_t gw_tail_start(const gw_tail *tail);
+
+/* ---- buckets.c: plain atomics ----------------------------------------------------------------- */
+
+/* Sequentially consistent operations on the 8-byte word at base + off. The caller guarantees that off is
+ * a multiple of 8 inside the buffer and that base is 8-aligned (gateway/native.py checks both). */
+uint64_t gw_load_u64(const char *base, size_t off);
+void gw_store_u64(char *base, size_t off, uint64_t value);
+int64_t gw_fetch_add_i64(char *base, size_t off, int64_t delta); /* returns the previous value */
+int gw_cas_u64(char *base, size_t off, uint64_t expected, uint64_t desired); /* 1 if swapped */
+
+/* ---- buckets.c: the bucket table --------------------------------------------------------------- */
+
+/* CLOCK_MONOTONIC in nanoseconds; the same clock in every process of the host. */
+int64_t gw_monotonic_ns(void);
+
+/* Bytes needed for a table of `capacity` slots (a power of two in [1, 2^24]); 0 if capacity is invalid. */
+uint64_t gw_bt_region_size(uint64_t capacity);
+
+/* Zero region[0, gw_bt_region_size(capacity)) and write the header. Call once, before other processes
+ * use the region. */
+int gw_bt_init(char *base, size_t size, uint64_t capacity);
+
+/* The capacity recorded in an initialised region, or GW_EREGION. */
+int64_t gw_bt_capacity(const char *base, size_t size);
+
+/* Every function below validates the region against `size` on each call and takes now_ns: a time on
+ * CLOCK_MONOTONIC, or any negative value to read the clock. Keys are nonzero. */
+
+/* GCRA admission of n units. Returns GW_ADMITTED, GW_REFUSED or GW_TOO_LARGE, or an error.
+ * out[0] = nanoseconds until the request would be admitted (0 when admitted, -1 when GW_TOO_LARGE);
+ * out[1] = units that could still be admitted at now_ns after this decision. */
+int gw_bt_take(char *base, size_t size, uint64_t key, double rate_per_s, int64_t burst, int64_t n,
+               int64_t now_ns, int64_t *out);
+
+/* Charge (delta > 0) or refund (delta < 0) delta units without an admission check. Returns GW_OK. */
+int gw_bt_settle(char *base, size_t size, uint64_t key, double rate_per_s, int64_t delta, int64_t now_ns);
+
+/* Read-only: out[0] = units admissible now, out[1] = nanoseconds until the bucket is full again. */
+int gw_bt_peek(const char *base, size_t size, uint64_t key, double rate_per_s, int64_t burst,
+               int64_t now_ns, int64_t *out);
+
+/* Concurrency gauge: acquire returns 1 (incremented) or 0 (already at limit); release returns the new
+ * value, never going below 0; gauge returns the current value (0 for an unknown key). */
+int gw_bt_acquire(char *base, size_t size, uint64_t key, int64_t limit);
+int64_t gw_bt_release(char *base, size_t size, uint64_t key);
+int64_t gw_bt_gauge(const char *base, size_t size, uint64_t key);
+
+/* cffi:end */
+
+#endif /* GATEWAY_NATIVE_H */
