@@ -201,19 +201,33 @@ def test_other_v1_suffix_forwarded(env: tuple[Gateway, MockEngine, dict[str, str
     assert rec["path"] == "/v1/some/new/endpoint" and rec["query"] == "x=1"
 
 
-def test_client_disconnect_cancels_the_upstream_stream(env: tuple[Gateway, MockEngine, dict[str, str]]) -> None:
+def test_client_disconnect_cancels_the_upstream_stream(
+    env: tuple[Gateway, MockEngine, dict[str, str]],
+) -> None:
     gw, engine, keys = env
     wait_for_key(gw, keys["alice"])
     engine.reset()
     engine.configure(token_delay=0.1, tokens=200)
-    with httpx.stream("POST", gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {keys['alice']}"},
-                      json={"model": "chat", "messages": [{"role": "user", "content": "q"}], "stream": True,
-                            "max_tokens": 200}, timeout=30) as r:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {keys['alice']}"},
+        json={
+            "model": "chat",
+            "messages": [{"role": "user", "content": "q"}],
+            "stream": True,
+            "max_tokens": 200,
+        },
+        timeout=30,
+    ) as r:
         it = r.iter_raw()
         next(it)
         next(it)
     # The engine would stream for 20 s; the gateway must hang up on it soon after the client left.
-    wait_until(lambda: httpx.get(engine.url + "/mock/stats").json()["disconnects"] >= 1, timeout=5,
-               what="engine saw the gateway hang up")
+    wait_until(
+        lambda: httpx.get(engine.url + "/mock/stats").json()["disconnects"] >= 1,
+        timeout=5,
+        what="engine saw the gateway hang up",
+    )
     stats = httpx.get(engine.url + "/mock/stats").json()
     assert stats["in_flight"] == 0

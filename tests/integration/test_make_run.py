@@ -33,9 +33,16 @@ def test_make_run_in_a_fresh_clone_answers_the_readme_request(tmp_path: Path) ->
     port, mock_port = free_port(), free_port()
     log = (tmp_path / "make-run.log").open("wb")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
-    proc = subprocess.Popen(["make", "run", f"PORT={port}", f"MOCK_PORT={mock_port}"], cwd=clone, stdout=log,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        ["make", "run", f"PORT={port}", f"MOCK_PORT={mock_port}"],
+        cwd=clone,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     try:
+
         def up() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError((tmp_path / "make-run.log").read_text()[-3000:])
