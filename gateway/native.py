@@ -20,7 +20,6 @@ operations read CLOCK_MONOTONIC.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import mmap
 import os
@@ -29,6 +28,7 @@ from typing import Any, Final, Literal, NamedTuple, NoReturn, Self, TypeAlias
 
 from gateway.protocol import usage as _usage
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, TailWindow, Usage
+from gateway.shm.bucket_keys import bucket_key
 
 __all__ = [
     "DEFAULT_TAIL_CAPACITY",
@@ -322,16 +322,6 @@ def region_size(capacity: int) -> int:
     if size == 0:
         raise ValueError(f"capacity {capacity} is not a power of two in [1, 2**24]")
     return size
-
-
-def bucket_key(scope: str, kind: str) -> int:
-    """A nonzero 64-bit key for one limit (``kind``, e.g. "rpm") of one principal or key (``scope``)."""
-    h = hashlib.blake2b(digest_size=8, person=b"gw-bucket-key")
-    encoded = scope.encode()
-    h.update(len(encoded).to_bytes(8, "little"))  # length prefix: ("ab", "c") != ("a", "bc")
-    h.update(encoded)
-    h.update(kind.encode())
-    return int.from_bytes(h.digest(), "little") or 1
 
 
 class BucketTable(_SharedBuffer):

@@ -16,10 +16,17 @@ Document schema (``schema`` = 1)::
         "chat": {"canonical": "chat", "kind": "frontend",
                  "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...]}
       },
-      "principals": {"7": {"name": "alice", "allow_all": false, "models": ["chat", "gpt-4o-mini"]}},
-      "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null}},
+      "principals": {"7": {"name": "alice", "allow_all": false, "models": ["chat", "gpt-4o-mini"],
+                           "limits": {"rpm": 100, "tpm": 20000, "concurrency": 8},      # optional
+                           "model_limits": {"chat": {"rpm": 10}}}},                      # optional
+      "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
+                                                  "limits": {"rpm": 30}}},               # optional
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
+
+Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
+minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
+limits to one key, ``model_limits`` to one principal calling one model name (the name the caller used).
 
 A route's ``targets`` is the fallback chain already flattened: each provider model of the chain in order,
 and within it each of its backends in order, as ``[provider_model, backend, upstream_model]``.
@@ -32,9 +39,11 @@ from typing import Any
 
 import orjson
 
+from gateway.shm.bucket_keys import bucket_key
+
 SCHEMA = 1
 
-__all__ = ["SCHEMA", "Backend", "KeyEntry", "Principal", "Route", "Snapshot", "Target"]
+__all__ = ["SCHEMA", "Backend", "KeyEntry", "Limits", "Principal", "Route", "Snapshot", "Target"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +73,47 @@ class Route:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """One scope's limits, with the 64-bit bucket keys precomputed so the request path hashes nothing."""
+
+    scope: str  # "p:<principal id>", "k:<key id>" or "pm:<principal id>:<model>"
+    rpm: int | None
+    tpm: int | None
+    concurrency: int | None
+    rpm_key: int
+    tpm_key: int
+    concurrency_key: int
+
+    @classmethod
+    def from_doc(cls, scope: str, doc: dict[str, Any] | None) -> Limits | None:
+        if not doc:
+            return None
+        rpm, tpm, conc = (_positive(doc.get(k)) for k in ("rpm", "tpm", "concurrency"))
+        if rpm is None and tpm is None and conc is None:
+            return None
+        return cls(
+            scope,
+            rpm,
+            tpm,
+            conc,
+            bucket_key(scope, "rpm"),
+            bucket_key(scope, "tpm"),
+            bucket_key(scope, "concurrency"),
+        )
+
+
+def _positive(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class Principal:
     id: str
     name: str
     allow_all: bool
     models: frozenset[str]
+    limits: Limits | None = None
+    model_limits: dict[str, Limits] | None = None
 
     def may_use(self, model: str) -> bool:
         return self.allow_all or model in self.models
@@ -79,6 +124,7 @@ class KeyEntry:
     id: str
     principal: Principal
     expires_at: float | None
+    limits: Limits | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +188,10 @@ class Snapshot:
                 continue
             exp = k.get("expires_at")
             keys[bytes.fromhex(digest_hex)] = KeyEntry(
-                id=str(k["id"]), principal=principal, expires_at=None if exp is None else float(exp)
+                id=str(k["id"]),
+                principal=principal,
+                expires_at=None if exp is None else float(exp),
+                limits=Limits.from_doc(f"k:{k['id']}", k.get("limits")),
             )
         return cls(
             revision=int(doc["revision"]),

@@ -1,0 +1,111 @@
+"""Admission against the rate limits of a request's scopes, on the token buckets in shared memory.
+
+A request is checked against every scope that has limits — its principal, its key, and its principal on
+the model name it used — after authorisation and before anything is sent upstream. Requests and tokens
+per minute are GCRA buckets (burst = the per-minute amount, refilled continuously); tokens are reserved
+from the request's estimate and settled against the real usage afterwards (debt allowed). Concurrency is a
+gauge taken for the request's lifetime. Every bucket operation is one atomic C call on the shared table,
+so a limit is exact across all workers of the host. I/O: none (shared memory only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gateway.errors import RateLimited
+from gateway.native import BucketTable
+from gateway.snapshot import KeyEntry
+
+__all__ = ["Limiter", "Ticket", "estimate_tokens"]
+
+# Bytes per token for the prompt estimate: a common rule of thumb for English text and JSON overhead.
+BYTES_PER_TOKEN = 4
+
+
+def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> int:
+    """Tokens to reserve before dispatch: the prompt estimated from the body size, plus the completion
+    budget the client asked for (or the configured default). Settled to the real count afterwards."""
+    return body_len // BYTES_PER_TOKEN + (max_tokens if max_tokens is not None else default_completion)
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What one admitted request holds: tokens reserved per scope and concurrency slots taken."""
+
+    taken: list[tuple[int, float, int]]  # (bucket key, rate per second, units) taken from rate buckets
+    reserved: list[tuple[int, float, int]]  # the token reservations among them, settled at the end
+    held: list[int]  # concurrency gauges this request holds
+    headers: list[tuple[str, str]]
+
+
+class Limiter:
+    def __init__(self, table: BucketTable) -> None:
+        self.table = table
+
+    def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
+        """Take what the request needs from every scope, or take nothing and raise RateLimited."""
+        principal = key.principal
+        model_limits = principal.model_limits.get(model) if principal.model_limits else None
+        if principal.limits is None and key.limits is None and model_limits is None:
+            return None
+        table = self.table
+        ticket = Ticket([], [], [], [])
+        tightest: dict[str, tuple[int, int, float]] = {}  # kind -> (remaining, limit, seconds to full)
+        try:
+            for scope in (principal.limits, key.limits, model_limits):
+                if scope is None:
+                    continue
+                for kind, limit, bucket, units in (
+                    ("requests", scope.rpm, scope.rpm_key, 1),
+                    ("tokens", scope.tpm, scope.tpm_key, tokens),
+                ):
+                    if limit is None:
+                        continue
+                    rate = limit / 60.0
+                    units = min(units, limit)  # a request bigger than the burst still fits an empty bucket
+                    got = table.take(bucket, rate, limit, units)
+                    if not got.admitted:
+                        raise _refused(f"{kind} per minute", limit, got.retry_after_s)
+                    ticket.taken.append((bucket, rate, units))
+                    if kind == "tokens":
+                        ticket.reserved.append((bucket, rate, units))
+                    if kind not in tightest or got.remaining < tightest[kind][0]:
+                        tightest[kind] = (got.remaining, limit, (limit - got.remaining) / rate)
+                if scope.concurrency is not None:
+                    if not table.acquire(scope.concurrency_key, scope.concurrency):
+                        raise _refused("concurrent requests", scope.concurrency, 1.0)
+                    ticket.held.append(scope.concurrency_key)
+        except RateLimited:
+            for bucket, rate, units in ticket.taken:  # nothing a refused request took may stay taken
+                table.settle(bucket, rate, -units)
+            self.release(ticket)
+            raise
+        for kind, (remaining, limit, reset) in tightest.items():
+            ticket.headers += [
+                (f"x-ratelimit-limit-{kind}", str(limit)),
+                (f"x-ratelimit-remaining-{kind}", str(max(0, remaining))),
+                (f"x-ratelimit-reset-{kind}", f"{max(0.0, reset):.3f}s"),
+            ]
+        return ticket
+
+    def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
+        """Settle reserved tokens against what the request really used (when known); release concurrency."""
+        if used_tokens is not None:
+            for bucket, rate, reserved in ticket.reserved:
+                if used_tokens != reserved:
+                    self.table.settle(bucket, rate, used_tokens - reserved)
+        self.release(ticket)
+
+    def release(self, ticket: Ticket) -> None:
+        for bucket in ticket.held:
+            self.table.release(bucket)
+        ticket.held.clear()
+
+
+def _refused(what: str, limit: int, retry_after: float) -> RateLimited:
+    seconds = 60 if math.isinf(retry_after) else max(1, math.ceil(retry_after))
+    return RateLimited(
+        f"Rate limit reached: {limit} {what}. Retry after {seconds}s.", headers={"retry-after": str(seconds)}
+    )
+

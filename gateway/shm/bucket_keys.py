@@ -1,0 +1,18 @@
+"""The 64-bit keys that name token buckets in the shared table. Pure Python, no I/O: the snapshot decoder
+precomputes them so that the request path hashes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["bucket_key"]
+
+
+def bucket_key(scope: str, kind: str) -> int:
+    """A nonzero 64-bit key for one limit (``kind``, e.g. "rpm") of one principal or key (``scope``)."""
+    h = hashlib.blake2b(digest_size=8, person=b"gw-bucket-key")
+    encoded = scope.encode()
+    h.update(len(encoded).to_bytes(8, "little"))  # length prefix: ("ab", "c") != ("a", "bc")
+    h.update(encoded)
+    h.update(kind.encode())
+    return int.from_bytes(h.digest(), "little") or 1
