@@ -178,6 +178,13 @@ class Snapshot:
                 name=p["name"],
                 allow_all=bool(p.get("allow_all")),
                 models=frozenset(p.get("models", ())),
+                limits=Limits.from_doc(f"p:{pid}", p.get("limits")),
+                model_limits={
+                    model: lim
+                    for model, ml in (p.get("model_limits") or {}).items()
+                    if (lim := Limits.from_doc(f"pm:{pid}:{model}", ml)) is not None
+                }
+                or None,
             )
             for pid, p in doc.get("principals", {}).items()
         }

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
-from gateway.controlplane.configfile import dump_config, load_config, parse_timestamp
+from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config, load_config, parse_timestamp
 from gateway.controlplane.store import open_store
 from gateway.errors import ConfigError, GatewayError
 
@@ -51,6 +51,9 @@ def register(sub: Any) -> None:
     p.add_argument("--principal", required=True, help="the principal the key authenticates as")
     p.add_argument("--name", help="a unique name for the key (lets `keys revoke` and config files find it)")
     p.add_argument("--expires", help="expiry: RFC 3339 (2027-01-01T00:00:00Z) or unix seconds")
+    p.add_argument("--rpm", metavar="N", help="limit: requests per minute through this key")
+    p.add_argument("--tpm", metavar="N", help="limit: tokens per minute through this key")
+    p.add_argument("--concurrency", metavar="N", help="limit: requests in flight at once through this key")
     _finish(p, _cmd_keys_create)
     p = keys_sub.add_parser("revoke", help="revoke a key by id or name")
     p.add_argument("key", help="key id or name")
@@ -61,7 +64,9 @@ def register(sub: Any) -> None:
 
     principals = sub.add_parser("principals", help="list principals")
     principals_sub = principals.add_subparsers(dest="principals_command", required=True)
-    p = principals_sub.add_parser("list", help="list principals with their roles and active key counts")
+    p = principals_sub.add_parser(
+        "list", help="list principals with their roles, active key counts, limits and model limits"
+    )
     _finish(p, _cmd_principals_list)
 
 
@@ -92,6 +97,33 @@ def _time(ts: float | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _limits_text(spec: LimitsSpec | None) -> str:
+    if spec is None:
+        return "-"
+    values = (spec.requests_per_minute, spec.tokens_per_minute, spec.concurrent_requests)
+    return ",".join(
+        f"{name}={value}"
+        for name, value in zip(("rpm", "tpm", "concurrency"), values, strict=True)
+        if value is not None
+    )
+
+
+def _model_limits_text(entries: tuple[tuple[str, LimitsSpec], ...]) -> str:
+    return ";".join(f"{model}({_limits_text(spec)})" for model, spec in entries) or "-"
+
+
+def _limit_arg(flag: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{flag} must be a positive integer") from None
+    if problem := check_limit(value):
+        raise ConfigError(f"{flag} {problem}")
+    return value
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -133,10 +165,17 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
             raise ConfigError(f"--expires {exc}") from None
         if expires_at <= time.time():
             raise ConfigError("--expires is in the past")
+    limits = LimitsSpec(
+        _limit_arg("--rpm", args.rpm),
+        _limit_arg("--tpm", args.tpm),
+        _limit_arg("--concurrency", args.concurrency),
+    )
     settings = settings_from_args(args)
     hash_key = _hash_key(settings)
     with open_store(settings) as store:
-        key_id, secret = store.create_key(args.principal, args.name, expires_at, hash_key)
+        key_id, secret = store.create_key(
+            args.principal, args.name, expires_at, hash_key, None if limits.is_empty() else limits
+        )
     print(secret)
     print(f"created key {key_id} for {args.principal}; the secret above is shown only once", file=sys.stderr)
     return 0
@@ -154,7 +193,7 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
         keys = store.list_keys(args.principal)
     now = time.time()
     _table(
-        ("ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY"),
+        ("ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY", "LIMITS"),
         [
             (
                 k.id,
@@ -165,6 +204,7 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
                 _time(k.created_at),
                 _time(k.expires_at),
                 k.managed_by,
+                _limits_text(k.limits),
             )
             for k in keys
         ],
@@ -176,7 +216,17 @@ def _cmd_principals_list(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         principals = store.principals()
     _table(
-        ("ID", "NAME", "ROLES", "ACTIVE_KEYS"),
-        [(p.id, p.name, ",".join(p.roles) or "-", str(p.active_keys)) for p in principals],
+        ("ID", "NAME", "ROLES", "ACTIVE_KEYS", "LIMITS", "MODEL_LIMITS"),
+        [
+            (
+                p.id,
+                p.name,
+                ",".join(p.roles) or "-",
+                str(p.active_keys),
+                _limits_text(p.limits),
+                _model_limits_text(p.model_limits),
+            )
+            for p in principals
+        ],
     )
     return 0

@@ -4,8 +4,9 @@
 admin API can skip the disk. Every problem found is reported at once, each line naming its place
 (``backends[1].url: must be an http:// or https:// URL``), in one ``ConfigError``. References are checked
 here (a chain naming an unknown provider model, a principal naming an unknown role, duplicate names, an
-alias colliding with another callable name); environment variables and key hashing are resolved later,
-when the store applies the document. ``load_config`` is the only function here that does I/O.
+alias colliding with another callable name, model limits naming an unknown model); environment variables
+and key hashing are resolved later, when the store applies the document. ``load_config`` is the only
+function here that does I/O.
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
     "DEFAULT_FIRST_BYTE_TIMEOUT",
     "DEFAULT_READ_TIMEOUT",
+    "LIMIT_FIELDS",
+    "MAX_LIMIT",
     "PROTOCOLS",
     "BackendSpec",
     "ConfigDoc",
     "KeySpec",
+    "LimitsSpec",
     "ModelSpec",
     "PrincipalSpec",
     "ProviderBackend",
     "ProviderModelSpec",
     "RoleSpec",
+    "check_limit",
     "check_name",
     "check_url",
     "dump_config",
@@ -48,9 +53,13 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 DEFAULT_FIRST_BYTE_TIMEOUT = 60.0
 DEFAULT_READ_TIMEOUT = 300.0
 MIN_SECRET_LENGTH = 16
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+# Far above any real limit, and far below the 64-bit integers the store and the shared buckets hold.
+MAX_LIMIT = 10**12
 
 _NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
 
 
@@ -94,9 +103,28 @@ class RoleSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsSpec:
+    """One scope's rate limits; None is unlimited. Parsing never yields one with every field None."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.concurrent_requests is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class PrincipalSpec:
     name: str
     roles: tuple[str, ...]
+    limits: LimitsSpec | None = None  # all of the principal's keys together
+    # (model name a client calls, limits of this principal calling it), ordered by model name
+    model_limits: tuple[tuple[str, LimitsSpec], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +133,7 @@ class KeySpec:
     principal: str
     secret: str | None = field(default=None, repr=False)
     expires_at: float | None = None  # unix seconds
+    limits: LimitsSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +197,15 @@ def check_name(value: object) -> str | None:
 def check_url(value: object) -> str | None:
     if not isinstance(value, str) or not _URL.match(value):
         return "must be an http:// or https:// URL"
+    return None
+
+
+def check_limit(value: object) -> str | None:
+    """The problem with one limit value, or None. Limits are positive integers (not booleans)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return "must be a positive integer"
+    if value > MAX_LIMIT:
+        return f"must be at most {MAX_LIMIT}"
     return None
 
 
@@ -372,6 +410,8 @@ def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderM
 
 def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     p.unknown_fields(place, item, ("name", "chain", "aliases"))
+    if isinstance(item.get("aliases"), list):  # even if invalid: see _Problems.declared
+        p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
     if "chain" not in item:
         p.add(f"{place}.chain", "is required")
@@ -398,17 +438,53 @@ def _role(p: _Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
     return RoleSpec(name, perms)
 
 
+def _limits(p: _Problems, place: str, value: object) -> LimitsSpec | None:
+    """A limits table; None when it sets nothing. Problems go to ``p`` (callers compare its length)."""
+    if not isinstance(value, dict):
+        p.add(place, "must be a table such as { requests_per_minute = 100 }")
+        return None
+    p.unknown_fields(place, value, LIMIT_FIELDS)
+    values: dict[str, int] = {}
+    for name in LIMIT_FIELDS:
+        if name in value:
+            if problem := check_limit(value[name]):
+                p.add(f"{place}.{name}", problem)
+            else:
+                values[name] = value[name]
+    spec = LimitsSpec(**values)
+    return None if spec.is_empty() else spec
+
+
+def _model_limits(p: _Problems, place: str, value: object) -> tuple[tuple[str, LimitsSpec], ...]:
+    if not isinstance(value, dict):
+        p.add(
+            place, 'must be a table of model names to limits, e.g. { "chat" = { requests_per_minute = 10 } }'
+        )
+        return ()
+    out: list[tuple[str, LimitsSpec]] = []
+    for model, limits in value.items():
+        where = f"{place}.{_toml_key(model)}"
+        if problem := check_name(model):
+            p.add(where, f"model name {problem}")
+        elif (spec := _limits(p, where, limits)) is not None:
+            out.append((model, spec))
+    return tuple(sorted(out, key=lambda entry: entry[0]))
+
+
 def _principal(p: _Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
-    p.unknown_fields(place, item, ("name", "roles"))
+    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits"))
+    before = len(p.lines)
     name = _name(p, place, item)
     roles = _names(p, f"{place}.roles", item.get("roles", []), required=False)
-    if name is None or roles is None:
+    limits = _limits(p, f"{place}.limits", item["limits"]) if "limits" in item else None
+    model_limits = _model_limits(p, f"{place}.model_limits", item.get("model_limits", {}))
+    if len(p.lines) > before or name is None or roles is None:
         return None
-    return PrincipalSpec(name, roles)
+    return PrincipalSpec(name, roles, limits, model_limits)
 
 
 def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
-    p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at"))
+    p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at", "limits"))
     ok = True
     name = _name(p, place, item)
     principal = _name(p, place, item, "principal")
@@ -425,9 +501,14 @@ def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
         except ValueError as exc:
             p.add(f"{place}.expires_at", str(exc))
             ok = False
+    limits: LimitsSpec | None = None
+    if "limits" in item:
+        before = len(p.lines)
+        limits = _limits(p, f"{place}.limits", item["limits"])
+        ok = ok and len(p.lines) == before
     if not ok or name is None or principal is None:
         return None
-    return KeySpec(name, principal, secret, expires_at)
+    return KeySpec(name, principal, secret, expires_at, limits)
 
 
 def _check_references(
@@ -463,6 +544,7 @@ def _check_references(
     provider_names = p.declared.get("provider_models", set())
     role_names = p.declared.get("roles", set())
     principal_names = p.declared.get("principals", set())
+    callable_names = provider_names | p.declared.get("models", set()) | p.declared.get("aliases", set())
     for pl, pm in provider_models:
         for i, entry in enumerate(pm.backends):
             if entry.backend not in backend_names:
@@ -475,6 +557,9 @@ def _check_references(
         for i, role in enumerate(pr.roles):
             if role not in role_names:
                 p.add(f"{pl}.roles[{i}]", f"unknown role {role!r}")
+        for model, _ in pr.model_limits:
+            if model not in callable_names:
+                p.add(f"{pl}.model_limits.{_toml_key(model)}", f"unknown model name {model!r}")
     for pl, k in keys:
         if k.principal not in principal_names:
             p.add(f"{pl}.principal", f"unknown principal {k.principal!r}")
@@ -500,8 +585,20 @@ def _toml_str(value: str) -> str:
     return "".join(out)
 
 
+def _toml_key(value: str) -> str:
+    return value if _BARE_KEY.match(value) else _toml_str(value)
+
+
 def _toml_list(values: Iterable[str]) -> str:
     return "[" + ", ".join(_toml_str(v) for v in values) + "]"
+
+
+def _toml_limits(spec: LimitsSpec) -> str:
+    values = (spec.requests_per_minute, spec.tokens_per_minute, spec.concurrent_requests)
+    fields = [
+        f"{name} = {value}" for name, value in zip(LIMIT_FIELDS, values, strict=True) if value is not None
+    ]
+    return "{ " + ", ".join(fields) + " }"
 
 
 def _rfc3339(ts: float) -> str:
@@ -539,10 +636,17 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         ]
     for pr in doc.principals:
         lines += ["", "[[principals]]", f"name = {_toml_str(pr.name)}", f"roles = {_toml_list(pr.roles)}"]
+        if pr.limits is not None:
+            lines.append(f"limits = {_toml_limits(pr.limits)}")
+        if pr.model_limits:
+            entries = ", ".join(f"{_toml_key(m)} = {_toml_limits(spec)}" for m, spec in pr.model_limits)
+            lines.append(f"model_limits = {{ {entries} }}")
     for k in doc.keys:
         lines += ["", "[[keys]]", f"name = {_toml_str(k.name)}", f"principal = {_toml_str(k.principal)}"]
         if k.secret is not None:
             lines.append(f"secret = {_toml_str(k.secret)}")
         if k.expires_at is not None:
             lines.append(f"expires_at = {_toml_str(_rfc3339(k.expires_at))}")
+        if k.limits is not None:
+            lines.append(f"limits = {_toml_limits(k.limits)}")
     return "\n".join(lines).lstrip("\n") + "\n"

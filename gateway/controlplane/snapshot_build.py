@@ -11,6 +11,11 @@ frontend model it names, so it grants the model and all of its aliases. ``model/
 ``allow_all``. Other permissions (``usage:read``, ``key:create``, ...) do not concern routing.
 Keys already expired at build time are left out (not counted as skipped); the data plane still checks
 ``expires_at`` for keys that expire later.
+
+Limits become ``"limits": {"rpm": .., "tpm": .., "concurrency": ..}`` with only the set ones, the key left
+out when none is set, on principals and keys, and ``"model_limits": {model: {...}}`` on principals. A
+principal or key whose limits cannot be read is skipped like any bad row, so that a damaged row makes
+its requests fail rather than run unlimited.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import logging
 import math
 import re
 import time
+from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gateway.controlplane.configfile import PROTOCOLS, check_name, check_url
+from gateway.controlplane.configfile import PROTOCOLS, check_limit, check_name, check_url
 from gateway.controlplane.store import Store, StoreState
 from gateway.snapshot import SCHEMA
 
@@ -35,6 +41,7 @@ ALLOW_ALL = "model/*"
 _MODEL_PERMISSION = "model/"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _GLOB_CHARS = frozenset("*?[")
+_LIMIT_KEYS = ("rpm", "tpm", "concurrency")  # the store's limit_rpm, limit_tpm, limit_concurrency
 
 
 def build_snapshot_doc(store: Store, *, now: float | None = None) -> dict[str, Any]:
@@ -66,6 +73,22 @@ def _seconds(value: object) -> float | None:
         return None
     f = float(value)
     return f if math.isfinite(f) and f >= 0 else None
+
+
+def _limits(values: Sequence[object]) -> dict[str, int] | None:
+    """The document's limits from a row's three limit columns; None when none is set.
+
+    Raises ``ValueError`` naming the first unreadable value.
+    """
+    out: dict[str, int] = {}
+    for key, value in zip(_LIMIT_KEYS, values, strict=True):
+        if value is None:
+            continue
+        problem = check_limit(value)
+        if problem is not None or not isinstance(value, int):  # the second test only narrows the type
+            raise ValueError(f"{key} limit {value!r} {problem}")
+        out[key] = value
+    return out or None
 
 
 def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
@@ -218,11 +241,35 @@ def _principals(
             permissions[role].add(perm)
 
     names: dict[str, str] = {}
-    for pid, name in state.principals:
+    limits: dict[str, dict[str, Any]] = {}
+    for pid, name, *limit_values in state.principals:
         if not isinstance(pid, str) or not pid or check_name(name):
             skip(f"principal {pid!r}", f"invalid id or name {name!r}")
+            continue
+        try:
+            own = _limits(limit_values)
+        except ValueError as exc:
+            skip(f"principal {pid!r}", str(exc))
+            continue
+        names[pid] = name
+        if own is not None:
+            limits[pid] = {"limits": own}
+    for pid, model, *limit_values in state.principal_model_limits:
+        what = f"limits of principal {pid!r} on model {model!r}"
+        if pid not in names:
+            skip(what, "unknown or invalid principal")
+        elif problem := check_name(model):
+            skip(what, f"model name {problem}")
         else:
-            names[pid] = name
+            try:
+                own = _limits(limit_values)
+            except ValueError as exc:
+                skip(f"principal {pid!r}", f"{what}: {exc}")
+                del names[pid]
+                limits.pop(pid, None)
+                continue
+            if own is not None:
+                limits.setdefault(pid, {}).setdefault("model_limits", {})[model] = own
     held: dict[str, set[str]] = {pid: set() for pid in names}
     for pid, role in state.principal_roles:
         if pid not in held:
@@ -240,7 +287,7 @@ def _principals(
         grant = cache.get(perms)
         if grant is None:
             grant = cache[perms] = _grants(perms, routes, aliases_of)
-        out[pid] = {"name": name, "allow_all": grant[0], "models": grant[1]}
+        out[pid] = {"name": name, "allow_all": grant[0], "models": grant[1], **limits.get(pid, {})}
     return out
 
 
@@ -248,7 +295,7 @@ def _keys(
     state: StoreState, principals: dict[str, dict[str, Any]], now: float, skip: _Skips
 ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for key_id, _name, pid, key_hash, _created, expires_at, revoked_at, _by in state.keys:
+    for key_id, _name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
         if revoked_at is not None:
             continue
         if pid not in principals:
@@ -265,8 +312,16 @@ def _keys(
                 continue
             if expires <= now:
                 continue
+        try:
+            limits = _limits(limit_values)
+        except ValueError as exc:
+            skip(f"key {key_id!r}", str(exc))
+            continue
         if key_hash in out:
             skip(f"key {key_id!r}", "hash duplicates another key's")
             continue
-        out[key_hash] = {"id": str(key_id), "principal": pid, "expires_at": expires}
+        entry: dict[str, Any] = {"id": str(key_id), "principal": pid, "expires_at": expires}
+        if limits is not None:
+            entry["limits"] = limits
+        out[key_hash] = entry
     return out

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.configfile import load_config, parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import open_store
 from gateway.keys import hash_secret
@@ -54,7 +54,19 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     assert _ok(_gateway(data, "apply", str(EXAMPLE))).strip() == "1"
 
     created = _gateway(
-        data, "keys", "create", "--principal", "alice", "--name", "k1", "--expires", "4102444800"
+        data,
+        "keys",
+        "create",
+        "--principal",
+        "alice",
+        "--name",
+        "k1",
+        "--expires",
+        "4102444800",
+        "--rpm",
+        "20",
+        "--concurrency",
+        "2",
     )
     secret = _ok(created).strip()
     assert secret.startswith("sk-gw-")
@@ -64,16 +76,28 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     assert snap.revision == 2
     entry = snap.keys[hash_secret(secret, bytes.fromhex(HASH_KEY_HEX))]
     assert (entry.principal.name, entry.expires_at) == ("alice", 4102444800.0)
+    assert entry.limits is not None
+    assert (entry.limits.rpm, entry.limits.tpm, entry.limits.concurrency) == (20, None, 2)
     assert entry.id in created.stderr
     assert snap.backends["sglang-a"].api_key == "sk-sglang"
     assert snap.routes["gpt-4o-mini"].canonical == "chat"
 
     listed = _ok(_gateway(data, "keys", "list", "--principal", "alice"))
     header, *rows = listed.splitlines()
-    assert header.split() == ["ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY"]
-    assert sorted((r.split()[1], r.split()[4]) for r in rows) == [
-        ("alice-laptop", "active"),
-        ("k1", "active"),
+    assert header.split() == [
+        "ID",
+        "NAME",
+        "PRINCIPAL",
+        "HASH",
+        "STATUS",
+        "CREATED",
+        "EXPIRES",
+        "MANAGED_BY",
+        "LIMITS",
+    ]
+    assert sorted((r.split()[1], r.split()[4], r.split()[8]) for r in rows) == [
+        ("alice-laptop", "active", "-"),
+        ("k1", "active", "rpm=20,concurrency=2"),
     ]
     assert secret not in listed
 
@@ -82,14 +106,31 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     assert [r.split()[4] for r in listed.splitlines() if " k1 " in r] == ["revoked"]
     assert hash_secret(secret, bytes.fromhex(HASH_KEY_HEX)) not in _snapshot(data).keys
 
-    principals = _ok(_gateway(data, "principals", "list")).splitlines()
-    assert sorted(line.split()[1] for line in principals[1:]) == ["alice", "batch-jobs", "ops"]
+    header, *rows = _ok(_gateway(data, "principals", "list")).splitlines()
+    assert header.split() == ["ID", "NAME", "ROLES", "ACTIVE_KEYS", "LIMITS", "MODEL_LIMITS"]
+    assert sorted(tuple(line.split()[1:]) for line in rows) == [
+        ("alice", "user", "1", "rpm=60,tpm=100000,concurrency=4", "chat(rpm=30)"),
+        (
+            "batch-jobs",
+            "llama-only,user",
+            "1",
+            "tpm=2000000",
+            "chat(tpm=500000);llama-3.1-8b(concurrency=16)",
+        ),
+        ("ops", "admin", "0", "-", "-"),
+    ]
 
     exported = _ok(_gateway(data, "export"))
     assert "at revision 3" in exported
     assert "sk-gw-example-secret" not in exported and "sk-sglang" not in exported
     doc = parse_config(tomllib.loads(exported), "export")
     assert [k.name for k in doc.keys] == ["alice-laptop", "batch-nightly"]
+    # Limits survive the export: the exported file and the example describe the same limits.
+    example = load_config(EXAMPLE)
+    assert {p.name: (p.limits, p.model_limits) for p in doc.principals} == {
+        p.name: (p.limits, p.model_limits) for p in example.principals
+    }
+    assert [k.limits for k in doc.keys] == [k.limits for k in example.keys]
     exported_file = tmp_path / "exported.toml"
     exported_file.write_text(exported)
     assert _ok(_gateway(data, "apply", str(exported_file))).strip() == "4"
@@ -97,6 +138,8 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     snap = _snapshot(data)
     laptop = snap.keys[hash_secret("sk-gw-example-secret-do-not-use-1", bytes.fromhex(HASH_KEY_HEX))]
     assert laptop.principal.name == "alice"
+    assert laptop.principal.limits is not None and laptop.principal.limits.rpm == 60
+    assert laptop.principal.model_limits is not None and laptop.principal.model_limits["chat"].rpm == 30
 
 
 @pytest.mark.parametrize(
@@ -108,6 +151,13 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
             ("keys", "create", "--principal", "alice", "--expires", "soon"),
             {},
             "--expires must be an RFC 3339",
+        ),
+        (("keys", "create", "--principal", "alice", "--rpm", "0"), {}, "--rpm must be a positive integer"),
+        (("keys", "create", "--principal", "alice", "--tpm", "lots"), {}, "--tpm must be a positive integer"),
+        (
+            ("keys", "create", "--principal", "alice", "--concurrency", "1.5"),
+            {},
+            "--concurrency must be a positive integer",
         ),
         (("keys", "revoke", "nope"), {}, "no key with id or name 'nope'"),
         (("keys", "list", "--principal", "nobody"), {}, "no principal named 'nobody'"),

@@ -17,6 +17,7 @@ from gateway.controlplane.configfile import (
     BackendSpec,
     ConfigDoc,
     KeySpec,
+    LimitsSpec,
     ModelSpec,
     PrincipalSpec,
     ProviderBackend,
@@ -241,6 +242,72 @@ ERRORS: list[tuple[str, Mutation, str]] = [
     ),
     ("negative expiry", _set("keys[0].expires_at", -5), "keys[0].expires_at: must be a non-negative"),
     ("bool expiry", _set("keys[0].expires_at", True), "keys[0].expires_at: must be an RFC 3339"),
+    (
+        "zero limit",
+        _set("principals[0].limits", {"requests_per_minute": 0}),
+        "principals[0].limits.requests_per_minute: must be a positive integer",
+    ),
+    (
+        "negative limit",
+        _set("principals[0].limits", {"tokens_per_minute": -5}),
+        "principals[0].limits.tokens_per_minute: must be a positive integer",
+    ),
+    (
+        "float limit",
+        _set("keys[0].limits", {"concurrent_requests": 2.5}),
+        "keys[0].limits.concurrent_requests: must be a positive integer",
+    ),
+    (
+        "bool limit",
+        _set("keys[0].limits", {"requests_per_minute": True}),
+        "keys[0].limits.requests_per_minute: must be a positive integer",
+    ),
+    (
+        "string limit",
+        _set("keys[0].limits", {"requests_per_minute": "100"}),
+        "keys[0].limits.requests_per_minute: must be a positive integer",
+    ),
+    (
+        "huge limit",
+        _set("principals[0].limits", {"tokens_per_minute": 10**13}),
+        "principals[0].limits.tokens_per_minute: must be at most 1000000000000",
+    ),
+    (
+        "unknown limit field",
+        _set("principals[0].limits", {"rpm": 5}),
+        "principals[0].limits.rpm: unknown field (expected one of: concurrent_requests, requests_per_minute",
+    ),
+    ("limits not table", _set("keys[0].limits", 100), "keys[0].limits: must be a table"),
+    (
+        "model limits not table",
+        _set("principals[0].model_limits", ["chat"]),
+        "principals[0].model_limits: must be a table of model names",
+    ),
+    (
+        "model limit bad value",
+        _set("principals[0].model_limits", {"chat": {"requests_per_minute": 0}}),
+        "principals[0].model_limits.chat.requests_per_minute: must be a positive integer",
+    ),
+    (
+        "model limit unknown field",
+        _set("principals[0].model_limits", {"chat": {"burst": 3}}),
+        "principals[0].model_limits.chat.burst: unknown field",
+    ),
+    (
+        "model limit not table",
+        _set("principals[0].model_limits", {"chat": 10}),
+        "principals[0].model_limits.chat: must be a table",
+    ),
+    (
+        "model limit unknown model",
+        _set("principals[0].model_limits", {"meta/llama": {"requests_per_minute": 1}}),
+        "principals[0].model_limits.\"meta/llama\": unknown model name 'meta/llama'",
+    ),
+    (
+        "model limit bad name",
+        _set("principals[0].model_limits", {"a b": {"requests_per_minute": 1}}),
+        'principals[0].model_limits."a b": model name must be 1-200 characters',
+    ),
 ]
 
 
@@ -252,6 +319,41 @@ def test_validation_error(mutate: Mutation, expected: str) -> None:
         parse_config(data, "cfg.toml")
     lines = info.value.message.splitlines()
     assert any(line.startswith(f"cfg.toml: {expected}") for line in lines), lines
+
+
+LIMITS_100 = {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 8}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("principals[0].limits", LIMITS_100, PrincipalSpec("alice", ("user",), LimitsSpec(100, 20000, 8))),
+        (
+            "principals[0].limits",
+            {"tokens_per_minute": 5},
+            PrincipalSpec("alice", ("user",), LimitsSpec(None, 5)),
+        ),
+        ("principals[0].limits", {}, PrincipalSpec("alice", ("user",))),  # an empty table sets nothing
+        (
+            # Any name a client calls: frontend model, alias, provider model; ordered by name.
+            "principals[0].model_limits",
+            {"qwen": {"concurrent_requests": 2}, "chat": {"requests_per_minute": 10}, "gpt-4o-mini": {}},
+            PrincipalSpec(
+                "alice", ("user",), None, (("chat", LimitsSpec(10)), ("qwen", LimitsSpec(None, None, 2)))
+            ),
+        ),
+        (
+            "keys[0].limits",
+            {"concurrent_requests": 1},
+            KeySpec("alice-dev", "alice", "sk-gw-0123456789abcdef", None, LimitsSpec(None, None, 1)),
+        ),
+    ],
+)
+def test_limits(path: str, value: dict[str, Any], expected: PrincipalSpec | KeySpec) -> None:
+    data = copy.deepcopy(BASE)
+    _set(path, value)(data)
+    doc = parse_config(data, "cfg.toml")
+    assert (doc.principals[0] if isinstance(expected, PrincipalSpec) else doc.keys[0]) == expected
 
 
 def test_every_problem_is_reported_and_first_place_is_param() -> None:
@@ -301,18 +403,32 @@ def test_example_file_loads() -> None:
     assert doc.models[0].aliases == ("gpt-4o-mini", "default")
     assert next(b for b in doc.backends if b.name == "sglang-a").url == "http://10.0.0.21:30000"
     assert [k.name for k in doc.keys] == ["alice-laptop", "batch-nightly"]
+    alice = next(p for p in doc.principals if p.name == "alice")
+    assert alice.limits == LimitsSpec(60, 100_000, 4)
+    assert alice.model_limits == (("chat", LimitsSpec(requests_per_minute=30)),)
+    assert doc.keys[1].limits == LimitsSpec(concurrent_requests=8)
 
 
 def test_dump_then_parse_round_trips() -> None:
     doc = load_config(EXAMPLE)
     weird = BackendSpec('q"uo\\te', "http://h", api_key="line\nbreak\x01\x7f", read_timeout=0.5)
+    # Model names that need quoting as TOML keys, and every combination of limit fields.
+    limited = PrincipalSpec(
+        "limited",
+        (),
+        LimitsSpec(1, 2, 3),
+        (("claude-haiku", LimitsSpec(None, 7)), ("default", LimitsSpec(None, None, 1))),
+    )
+    odd = ModelSpec("meta/llama.3", ("qwen2.5-7b",), ('q"x',))
+    quoted = PrincipalSpec("quoted", (), None, (("meta/llama.3", LimitsSpec(5)), ('q"x', LimitsSpec(6))))
+    key = KeySpec("limited-key", "limited", "sk-gw-limited-0000000", None, LimitsSpec(tokens_per_minute=9))
     doc = ConfigDoc(
         backends=(*doc.backends, weird),
         provider_models=doc.provider_models,
-        models=doc.models,
+        models=(*doc.models, odd),
         roles=doc.roles,
-        principals=doc.principals,
-        keys=doc.keys,
+        principals=(*doc.principals, limited, quoted),
+        keys=(*doc.keys, key),
     )
     text = dump_config(doc, "header line\nsecond")
     assert text.startswith("# header line\n# second\n")

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import KeySpec, PrincipalSpec, parse_config
+from gateway.controlplane.configfile import KeySpec, LimitsSpec, PrincipalSpec, parse_config
 from gateway.controlplane.snapshot_build import MAX_LOGGED, build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.keys import hash_secret
@@ -44,14 +44,26 @@ DOC = parse_config(
             {"name": "nothing", "permissions": ["key:create"]},
         ],
         "principals": [
-            {"name": "alice", "roles": ["user"]},
-            {"name": "bob", "roles": ["llama"]},
+            {
+                "name": "alice",
+                "roles": ["user"],
+                "limits": {"requests_per_minute": 100, "tokens_per_minute": 20000, "concurrent_requests": 8},
+                "model_limits": {"chat": {"requests_per_minute": 10}, "default": {"tokens_per_minute": 500}},
+            },
+            {"name": "bob", "roles": ["llama"], "model_limits": {"llama-8b": {"concurrent_requests": 1}}},
             {"name": "carol", "roles": ["gpt"]},
             {"name": "ops", "roles": ["admin"]},
             {"name": "dave", "roles": ["nothing"]},
             {"name": "erin", "roles": []},
         ],
-        "keys": [{"name": "alice-dev", "principal": "alice", "secret": ALICE_SECRET}],
+        "keys": [
+            {
+                "name": "alice-dev",
+                "principal": "alice",
+                "secret": ALICE_SECRET,
+                "limits": {"requests_per_minute": 30},
+            }
+        ],
     },
     "test",
 )
@@ -148,16 +160,56 @@ def test_keys_map_hash_to_principal(store: Store) -> None:
     assert snap.skipped == 0
 
 
+def test_limits_in_the_document(store: Store) -> None:
+    store.create_key("bob", "bob-cli", None, HASH_KEY, LimitsSpec(tokens_per_minute=7))
+    doc = build_snapshot_doc(store)
+    by_name = {p["name"]: p for p in doc["principals"].values()}
+    # Only the limits that are set; no "limits" or "model_limits" at all where none is.
+    assert by_name["alice"]["limits"] == {"rpm": 100, "tpm": 20000, "concurrency": 8}
+    assert by_name["alice"]["model_limits"] == {"chat": {"rpm": 10}, "default": {"tpm": 500}}
+    assert "limits" not in by_name["bob"]
+    assert by_name["bob"]["model_limits"] == {"llama-8b": {"concurrency": 1}}
+    assert not {"limits", "model_limits"} & set(by_name["ops"])
+    names = {k.id: k.name for k in store.list_keys()}
+    assert {names[k["id"]]: k.get("limits") for k in doc["keys"].values()} == {
+        "alice-dev": {"rpm": 30},
+        "bob-cli": {"tpm": 7},
+    }
+
+
+def test_limits_decode_with_distinct_bucket_keys(store: Store) -> None:
+    snap = _snapshot(store)
+    alice = next(p for p in snap.principals.values() if p.name == "alice")
+    assert alice.limits is not None
+    assert (alice.limits.rpm, alice.limits.tpm, alice.limits.concurrency) == (100, 20000, 8)
+    assert alice.model_limits is not None
+    chat, default = alice.model_limits["chat"], alice.model_limits["default"]
+    assert (chat.rpm, chat.tpm, chat.concurrency) == (10, None, None)
+    assert (default.rpm, default.tpm) == (None, 500)
+    key = snap.keys[_digest(ALICE_SECRET)].limits
+    assert key is not None and (key.rpm, key.tpm, key.concurrency) == (30, None, None)
+    ops = next(p for p in snap.principals.values() if p.name == "ops")
+    assert (ops.limits, ops.model_limits) == (None, None)
+    # Every scope and every kind of limit names its own bucket.
+    scopes = [alice.limits, chat, default, key]
+    assert len({s.scope for s in scopes}) == len(scopes)
+    bucket_keys = [k for s in scopes for k in (s.rpm_key, s.tpm_key, s.concurrency_key)]
+    assert len(set(bucket_keys)) == len(bucket_keys)
+
+
 def _raw(settings: Settings) -> sqlite3.Connection:
     conn = sqlite3.connect(settings.sqlite_path, isolation_level=None)
     conn.execute("PRAGMA foreign_keys = OFF")  # to plant rows the store itself would refuse
     return conn
 
 
+_KEY_COLUMNS = "id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by"
+
 BAD_ROWS: list[tuple[str, str, int]] = [
     (
         "key whose principal is gone",
-        "INSERT INTO api_keys VALUES ('k1', NULL, 'ghost', '" + "ab" * 32 + "', 0, NULL, NULL, 'cli')",
+        f"INSERT INTO api_keys ({_KEY_COLUMNS}) "
+        f"VALUES ('k1', NULL, 'ghost', '{'ab' * 32}', 0, NULL, NULL, 'cli')",
         1,
     ),
     ("key hash not hex", "UPDATE api_keys SET key_hash = 'not-hex'", 1),
@@ -179,6 +231,20 @@ BAD_ROWS: list[tuple[str, str, int]] = [
         6,
     ),
     ("permission of unknown role", "INSERT INTO role_permissions VALUES ('ghost', 'model/*')", 1),
+    # A key whose limits cannot be read is left out rather than let through unlimited.
+    ("key limit unparsable", "UPDATE api_keys SET limit_rpm = 'many'", 1),
+    ("key limit fractional", "UPDATE api_keys SET limit_concurrency = 2.5", 1),
+    (
+        "model limits of unknown principal",
+        "INSERT INTO principal_model_limits (principal_id, model, limit_rpm) VALUES ('ghost', 'chat', 1)",
+        1,
+    ),
+    (
+        "model limits with invalid model name",
+        "INSERT INTO principal_model_limits (principal_id, model, limit_rpm) "
+        "SELECT id, 'a b', 1 FROM principals WHERE name = 'ops'",
+        1,
+    ),
 ]
 
 
@@ -196,6 +262,29 @@ def test_bad_row_is_skipped_counted_and_logged(
     # Everything else still made it in.
     assert set(snap.routes) == set(good.routes) - {"orphan"}
     assert {p.name for p in snap.principals.values()} == {p.name for p in good.principals.values()}
+
+
+@pytest.mark.parametrize(
+    ("sql", "count"),
+    [
+        # alice, her role, her key, her two model limits
+        ("UPDATE principals SET limit_tpm = 'lots' WHERE name = 'alice'", 5),
+        ("UPDATE principals SET limit_rpm = 1e300 WHERE name = 'alice'", 5),
+        # alice (at her second model limit, after the first was read), her role, her key
+        ("UPDATE principal_model_limits SET limit_rpm = 'x' WHERE model = 'default'", 3),
+    ],
+)
+def test_principal_with_unreadable_limits_is_left_out(
+    store: Store, settings: Settings, sql: str, count: int
+) -> None:
+    with _raw(settings) as conn:
+        conn.execute(sql)
+    snap = _snapshot(store)
+    # Fail closed: alice is skipped, and with her every row naming her; everyone else is unaffected.
+    assert "alice" not in {p.name for p in snap.principals.values()}
+    assert _digest(ALICE_SECRET) not in snap.keys
+    assert snap.skipped == count
+    assert len(snap.principals) == 5
 
 
 def test_provider_model_without_usable_backend_drops_dependent_routes(
@@ -216,7 +305,7 @@ def test_many_bad_rows_log_a_summary(
 ) -> None:
     rows = [(f"bad{i}", None, "ghost", f"{i:064x}", 0.0, None, None, "cli") for i in range(MAX_LOGGED + 5)]
     with _raw(settings) as conn:
-        conn.executemany("INSERT INTO api_keys VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany(f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
     with caplog.at_level(logging.WARNING, logger="gateway.snapshot"):
         doc = build_snapshot_doc(store)
     assert doc["skipped"] == MAX_LOGGED + 5

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import ConfigDoc, KeySpec, RoleSpec, parse_config
+from gateway.controlplane.configfile import (
+    ConfigDoc,
+    KeySpec,
+    LimitsSpec,
+    PrincipalSpec,
+    RoleSpec,
+    parse_config,
+)
 from gateway.controlplane.store import (
     SqliteDriver,
     Store,
@@ -44,8 +51,26 @@ DOC = parse_config(
             {"name": "user", "permissions": ["model/chat"]},
             {"name": "admin", "permissions": ["model/*", "key:create"]},
         ],
-        "principals": [{"name": "alice", "roles": ["user"]}, {"name": "ops", "roles": ["admin", "user"]}],
-        "keys": [{"name": "alice-dev", "principal": "alice", "secret": SECRET}],
+        "principals": [
+            {
+                "name": "alice",
+                "roles": ["user"],
+                "limits": {"requests_per_minute": 100, "tokens_per_minute": 20000},
+                "model_limits": {
+                    "chat": {"requests_per_minute": 10},
+                    "gpt-4o-mini": {"concurrent_requests": 2},
+                },
+            },
+            {"name": "ops", "roles": ["admin", "user"]},
+        ],
+        "keys": [
+            {
+                "name": "alice-dev",
+                "principal": "alice",
+                "secret": SECRET,
+                "limits": {"concurrent_requests": 3},
+            }
+        ],
     },
     "test",
 )
@@ -136,6 +161,58 @@ def test_explicit_sqlite_url(tmp_path: Path) -> None:
     assert path.is_file()
 
 
+def test_store_at_migration_1_migrates_to_2_keeping_rows(settings: Settings) -> None:
+    settings.sqlite_path.parent.mkdir(parents=True)
+    driver = SqliteDriver(settings.sqlite_path)
+    try:
+        assert apply_migrations(driver, available_migrations()[:1]) == [1]
+        with driver.transaction(write=True) as tx:  # rows as the 0001 schema had them
+            tx.execute("INSERT INTO principals (id, name) VALUES ('p1', 'old')")
+            tx.execute(
+                "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, "
+                "managed_by) VALUES ('k1', 'old-key', 'p1', ?, 0, NULL, NULL, 'cli')",
+                ("ab" * 32,),
+            )
+            tx.execute("UPDATE config_revision SET revision = 7")
+    finally:
+        driver.close()
+    with open_store(settings) as store:
+        assert store.revision() == 7
+        (old,) = store.principals()
+        assert (old.name, old.active_keys, old.limits, old.model_limits) == ("old", 1, None, ())
+        (key,) = store.list_keys()
+        assert (key.name, key.limits) == ("old-key", None)
+        # The new schema is usable at once: limits round-trip through apply.
+        _apply(store)
+        assert store.config_doc().principals[0].limits == LimitsSpec(100, 20000)
+    with _raw(settings) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE principals SET limit_rpm = 0",
+        "UPDATE api_keys SET limit_tpm = -1",
+        "INSERT INTO principal_model_limits (principal_id, model, limit_concurrency) "
+        "SELECT id, 'chat', 0 FROM principals WHERE name = 'ops'",
+    ],
+)
+def test_schema_refuses_non_positive_limits(store: Store, settings: Settings, sql: str) -> None:
+    _apply(store)
+    with _raw(settings) as conn, pytest.raises(sqlite3.IntegrityError, match="CHECK constraint"):
+        conn.execute(sql)
+
+
+def test_unreadable_limit_is_a_store_error(store: Store, settings: Settings) -> None:
+    _apply(store)
+    with _raw(settings) as conn:  # text passes SQLite's CHECK (limit_rpm > 0): text sorts above numbers
+        conn.execute("UPDATE principals SET limit_rpm = 'many' WHERE name = 'ops'")
+    with pytest.raises(StoreError, match="unreadable limit 'many'"):
+        store.principals()
+
+
 # --- declarative apply --------------------------------------------------------------------------------------
 
 
@@ -147,7 +224,7 @@ def test_apply_imports_everything_and_bumps_once(store: Store, settings: Setting
         # Keys come without their secret (the env variable's name is kept, its value is not exported);
         # the store lists roles and permissions ordered by name.
         roles=(RoleSpec("admin", ("key:create", "model/*")), RoleSpec("user", ("model/chat",))),
-        keys=(KeySpec("alice-dev", "alice", None, None),),
+        keys=(KeySpec("alice-dev", "alice", None, None, LimitsSpec(concurrent_requests=3)),),
     )
     with _raw(settings) as conn:
         assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == "secret-b"
@@ -213,6 +290,45 @@ def test_file_listing_a_cli_key_adopts_it(store: Store) -> None:
     assert {k.id: k.managed_by for k in store.list_keys()}[key_id] == "file"
 
 
+def test_apply_sets_replaces_and_clears_limits(store: Store, settings: Settings) -> None:
+    _apply(store)
+    alice = next(p for p in store.principals() if p.name == "alice")
+    assert alice.limits == LimitsSpec(100, 20000)
+    assert alice.model_limits == (
+        ("chat", LimitsSpec(requests_per_minute=10)),
+        ("gpt-4o-mini", LimitsSpec(concurrent_requests=2)),
+    )
+    assert [k.limits for k in store.list_keys()] == [LimitsSpec(concurrent_requests=3)]
+    changed = replace(
+        DOC,
+        principals=(
+            PrincipalSpec("alice", ("user",), None, (("chat", LimitsSpec(tokens_per_minute=5)),)),
+            PrincipalSpec("ops", ("admin",), LimitsSpec(concurrent_requests=1)),
+        ),
+        keys=(KeySpec("alice-dev", "alice"),),
+    )
+    _apply(store, changed)
+    assert {p.name: (p.limits, p.model_limits) for p in store.principals()} == {
+        "alice": (None, (("chat", LimitsSpec(tokens_per_minute=5)),)),
+        "ops": (LimitsSpec(concurrent_requests=1), ()),
+    }
+    assert [k.limits for k in store.list_keys()] == [None]
+    assert store.config_doc().principals == changed.principals
+    # Removing a principal removes its model limits with it.
+    _apply(store, replace(changed, principals=changed.principals[1:], keys=()))
+    with _raw(settings) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM principal_model_limits").fetchone()[0] == 0
+
+
+def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> None:
+    _apply(store)
+    store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7))
+    _apply(store)
+    assert {k.name: k.limits for k in store.list_keys("ops")} == {"ops-cli": LimitsSpec(7)}
+    _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("ops-cli", "ops"))))
+    assert {k.name: k.limits for k in store.list_keys("ops")} == {"ops-cli": None}
+
+
 def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
     _apply(store)
     store.revoke_key("alice-dev")
@@ -276,19 +392,36 @@ def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> No
 
 
 @pytest.mark.parametrize(
-    ("principal", "name", "error", "message"),
+    "limits", [None, LimitsSpec(), LimitsSpec(60), LimitsSpec(None, 1000, 2), LimitsSpec(1, 2, 3)]
+)
+def test_create_key_with_limits(store: Store, limits: LimitsSpec | None) -> None:
+    _apply(store)
+    key_id, _ = store.create_key("ops", None, None, HASH_KEY, limits)
+    expected = None if limits is None or limits.is_empty() else limits
+    assert {k.id: k.limits for k in store.list_keys("ops")} == {key_id: expected}
+
+
+@pytest.mark.parametrize(
+    ("principal", "name", "limits", "error", "message"),
     [
-        ("bob", None, ConfigError, "no principal named 'bob'"),
-        ("ops", "alice-dev", StoreConflict, "a key named 'alice-dev' already exists"),
-        ("ops", "has space", ConfigError, "key name must be 1-200 characters"),
+        ("bob", None, None, ConfigError, "no principal named 'bob'"),
+        ("ops", "alice-dev", None, StoreConflict, "a key named 'alice-dev' already exists"),
+        ("ops", "has space", None, ConfigError, "key name must be 1-200 characters"),
+        ("ops", None, LimitsSpec(0), ConfigError, "key limit requests_per_minute must be a positive integer"),
+        ("ops", None, LimitsSpec(None, None, -1), ConfigError, "key limit concurrent_requests must be"),
     ],
 )
 def test_create_key_errors(
-    store: Store, principal: str, name: str | None, error: type[Exception], message: str
+    store: Store,
+    principal: str,
+    name: str | None,
+    limits: LimitsSpec | None,
+    error: type[Exception],
+    message: str,
 ) -> None:
     _apply(store)
     with pytest.raises(error, match=message):
-        store.create_key(principal, name, None, HASH_KEY)
+        store.create_key(principal, name, None, HASH_KEY, limits)
     assert store.revision() == 1
 
 

@@ -11,6 +11,9 @@ the document are the desired state; rows missing from it are removed. Keys in th
 name and marked as managed by the file; a file-managed key that disappears from the document is removed.
 Keys created with ``create_key`` (the CLI) are kept by apply unless their principal is removed. A revoked
 key stays revoked whatever the file says. Principals keep their id across applies (matched by name).
+Limits follow the same rule: those of principals, of their models and of file-managed keys are set from
+the document (absent meaning unlimited); a CLI key keeps the limits it was created with until a file
+adopts it.
 """
 
 from __future__ import annotations
@@ -24,18 +27,21 @@ from types import TracebackType
 from typing import Any
 
 from gateway.controlplane.configfile import (
+    LIMIT_FIELDS,
     BackendSpec,
     ConfigDoc,
     KeySpec,
+    LimitsSpec,
     ModelSpec,
     PrincipalSpec,
     ProviderBackend,
     ProviderModelSpec,
     RoleSpec,
+    check_limit,
     check_name,
 )
 from gateway.controlplane.store._driver import Driver, Param, Transaction
-from gateway.controlplane.store._errors import StoreConflict
+from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.errors import ConfigError
 from gateway.keys import generate_secret, hash_secret
 
@@ -58,6 +64,7 @@ class KeyInfo:
     expires_at: float | None
     revoked_at: float | None
     managed_by: str  # "file" | "cli"
+    limits: LimitsSpec | None = None
 
     def status(self, now: float | None = None) -> str:
         if self.revoked_at is not None:
@@ -73,6 +80,8 @@ class PrincipalInfo:
     name: str
     roles: tuple[str, ...]
     active_keys: int  # keys neither revoked nor expired
+    limits: LimitsSpec | None = None
+    model_limits: tuple[tuple[str, LimitsSpec], ...] = ()  # ordered by model name
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +97,37 @@ class StoreState:
     model_aliases: Sequence[Row]  # (alias, model)
     roles: Sequence[str]
     role_permissions: Sequence[Row]  # (role, permission)
-    principals: Sequence[Row]  # (id, name)
+    # Limits are three trailing columns (limit_rpm, limit_tpm, limit_concurrency), NULL meaning unlimited.
+    principals: Sequence[Row]  # (id, name, *limits)
     principal_roles: Sequence[Row]  # (principal_id, role)
-    keys: Sequence[Row]  # (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by)
+    principal_model_limits: Sequence[Row]  # (principal_id, model, *limits)
+    # (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, *limits)
+    keys: Sequence[Row]
+
+
+_LIMIT_COLUMNS = "limit_rpm, limit_tpm, limit_concurrency"
+_KEY_COLUMNS = (
+    f"id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, {_LIMIT_COLUMNS}"
+)
 
 
 def _new_id() -> str:
     return secrets.token_hex(8)
+
+
+def _limit_params(spec: LimitsSpec | None) -> tuple[Param, Param, Param]:
+    if spec is None:
+        return None, None, None
+    return spec.requests_per_minute, spec.tokens_per_minute, spec.concurrent_requests
+
+
+def _limits_from(values: Sequence[Any]) -> LimitsSpec | None:
+    """The inverse of ``_limit_params`` for the three limit columns of a row."""
+    for value in values:
+        if value is not None and not isinstance(value, int):  # only a hand-edited row can hold one
+            raise StoreError(f"unreadable limit {value!r} in the store")
+    spec = LimitsSpec(*values)
+    return None if spec.is_empty() else spec
 
 
 def _bump_revision(tx: Transaction) -> int:
@@ -162,6 +195,7 @@ class Store:
             # Link tables are rebuilt wholesale; entities are upserted so that unchanged rows keep their
             # identity, then whatever the document no longer names is deleted.
             for table in (
+                "principal_model_limits",
                 "principal_roles",
                 "role_permissions",
                 "model_aliases",
@@ -198,6 +232,15 @@ class Store:
             tx.executemany(
                 "INSERT INTO principal_roles (principal_id, role) VALUES (?, ?)",
                 [(principal_ids[p.name], r) for p in cfg.principals for r in p.roles],
+            )
+            tx.executemany(
+                f"INSERT INTO principal_model_limits (principal_id, model, {_LIMIT_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [
+                    (principal_ids[p.name], model, *_limit_params(spec))
+                    for p in cfg.principals
+                    for model, spec in p.model_limits
+                ],
             )
             self._apply_keys(tx, cfg.keys, principal_ids, key_hashes)
             return _bump_revision(tx)
@@ -251,6 +294,10 @@ class Store:
         new = [(_new_id(), p.name) for p in principals if p.name not in existing]
         tx.executemany("INSERT INTO principals (id, name) VALUES (?, ?)", new)
         ids.update((name, pid) for pid, name in new)
+        tx.executemany(
+            "UPDATE principals SET limit_rpm = ?, limit_tpm = ?, limit_concurrency = ? WHERE id = ?",
+            [(*_limit_params(p.limits), ids[p.name]) for p in principals],
+        )
         return ids
 
     @staticmethod
@@ -278,8 +325,7 @@ class Store:
                     )
                 _check_hash_free(tx, key_hash, None, f"keys[{i}]")
                 tx.execute(
-                    "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, "
-                    "revoked_at, managed_by) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+                    f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
                     (
                         _new_id(),
                         k.name,
@@ -288,12 +334,19 @@ class Store:
                         now,
                         k.expires_at,
                         MANAGED_BY_FILE,
+                        *_limit_params(k.limits),
                     ),
                 )
                 continue
             key_id = found[0]
-            sets = "principal_id = ?, expires_at = ?, managed_by = ?"
-            params: list[Param] = [principal_ids[k.principal], k.expires_at, MANAGED_BY_FILE]
+            sets = "principal_id = ?, expires_at = ?, managed_by = ?, limit_rpm = ?, limit_tpm = ?, "
+            sets += "limit_concurrency = ?"
+            params: list[Param] = [
+                principal_ids[k.principal],
+                k.expires_at,
+                MANAGED_BY_FILE,
+                *_limit_params(k.limits),
+            ]
             if key_hash is not None:
                 _check_hash_free(tx, key_hash, key_id, f"keys[{i}]")
                 sets += ", key_hash = ?"
@@ -303,11 +356,21 @@ class Store:
     # --- keys ------------------------------------------------------------------------------------------
 
     def create_key(
-        self, principal: str, name: str | None, expires_at: float | None, hash_key: bytes
+        self,
+        principal: str,
+        name: str | None,
+        expires_at: float | None,
+        hash_key: bytes,
+        limits: LimitsSpec | None = None,
     ) -> tuple[str, str]:
         """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored."""
         if name is not None and (problem := check_name(name)):
             raise ConfigError(f"key name {problem}")
+        for field, value in zip(LIMIT_FIELDS, _limit_params(limits), strict=True):
+            if value is not None and (problem := check_limit(value)):
+                raise ConfigError(f"key limit {field} {problem}")
+        if limits is not None and limits.is_empty():
+            limits = None
         secret = generate_secret()
         key_hash = hash_secret(secret, hash_key).hex()
         key_id = _new_id()
@@ -318,9 +381,17 @@ class Store:
             if name is not None and tx.query("SELECT 1 FROM api_keys WHERE name = ?", (name,)):
                 raise StoreConflict(f"a key named {name!r} already exists")
             tx.execute(
-                "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, "
-                "managed_by) VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
-                (key_id, name, rows[0][0], key_hash, time.time(), expires_at, MANAGED_BY_CLI),
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
+                (
+                    key_id,
+                    name,
+                    rows[0][0],
+                    key_hash,
+                    time.time(),
+                    expires_at,
+                    MANAGED_BY_CLI,
+                    *_limit_params(limits),
+                ),
             )
             _bump_revision(tx)
         return key_id, secret
@@ -340,7 +411,8 @@ class Store:
 
     def list_keys(self, principal: str | None = None) -> list[KeyInfo]:
         sql = (
-            "SELECT k.id, k.name, p.name, k.key_hash, k.created_at, k.expires_at, k.revoked_at, k.managed_by "
+            "SELECT k.id, k.name, p.name, k.key_hash, k.created_at, k.expires_at, k.revoked_at, "
+            "k.managed_by, k.limit_rpm, k.limit_tpm, k.limit_concurrency "
             "FROM api_keys k JOIN principals p ON p.id = k.principal_id"
         )
         with self._driver.transaction(write=False) as tx:
@@ -360,6 +432,7 @@ class Store:
                 expires_at=None if r[5] is None else float(r[5]),
                 revoked_at=None if r[6] is None else float(r[6]),
                 managed_by=r[7],
+                limits=_limits_from(r[8:11]),
             )
             for r in rows
         ]
@@ -367,8 +440,11 @@ class Store:
     def principals(self) -> list[PrincipalInfo]:
         now = time.time()
         with self._driver.transaction(write=False) as tx:
-            principals = tx.query("SELECT id, name FROM principals ORDER BY name")
+            principals = tx.query(f"SELECT id, name, {_LIMIT_COLUMNS} FROM principals ORDER BY name")
             roles = tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role")
+            model_limits = tx.query(
+                f"SELECT principal_id, model, {_LIMIT_COLUMNS} FROM principal_model_limits ORDER BY model"
+            )
             counts = tx.query(
                 "SELECT principal_id, COUNT(*) FROM api_keys WHERE revoked_at IS NULL "
                 "AND (expires_at IS NULL OR expires_at > ?) GROUP BY principal_id",
@@ -378,19 +454,24 @@ class Store:
         for pid, role in roles:
             by_principal.setdefault(pid, []).append(role)
         active = {pid: int(n) for pid, n in counts}
+        models_of = _model_limits_by_principal(model_limits)
         return [
-            PrincipalInfo(pid, name, tuple(by_principal.get(pid, ())), active.get(pid, 0))
-            for pid, name in principals
+            PrincipalInfo(
+                row[0],
+                row[1],
+                tuple(by_principal.get(row[0], ())),
+                active.get(row[0], 0),
+                _limits_from(row[2:5]),
+                models_of.get(row[0], ()),
+            )
+            for row in principals
         ]
 
     # --- reading everything ----------------------------------------------------------------------------
 
     def read_state(self, *, include_revoked_keys: bool = False) -> StoreState:
         """Every row, from one read transaction, so that they agree with each other and the revision."""
-        key_sql = (
-            "SELECT id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by "
-            "FROM api_keys"
-        )
+        key_sql = f"SELECT {_KEY_COLUMNS} FROM api_keys"
         if not include_revoked_keys:
             key_sql += " WHERE revoked_at IS NULL"
         with self._driver.transaction(write=False) as tx:
@@ -413,8 +494,12 @@ class Store:
                 role_permissions=tx.query(
                     "SELECT role, permission FROM role_permissions ORDER BY role, permission"
                 ),
-                principals=tx.query("SELECT id, name FROM principals ORDER BY name"),
+                principals=tx.query(f"SELECT id, name, {_LIMIT_COLUMNS} FROM principals ORDER BY name"),
                 principal_roles=tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role"),
+                principal_model_limits=tx.query(
+                    f"SELECT principal_id, model, {_LIMIT_COLUMNS} FROM principal_model_limits "
+                    "ORDER BY principal_id, model"
+                ),
                 keys=tx.query(key_sql),
             )
 
@@ -440,7 +525,8 @@ class Store:
         roles_of: dict[str, list[str]] = {}
         for pid, role in st.principal_roles:
             roles_of.setdefault(pid, []).append(role)
-        principal_names = {pid: name for pid, name in st.principals}
+        principal_names = {row[0]: row[1] for row in st.principals}
+        model_limits = _model_limits_by_principal(st.principal_model_limits)
         return ConfigDoc(
             backends=tuple(
                 BackendSpec(
@@ -463,11 +549,33 @@ class Store:
             ),
             roles=tuple(RoleSpec(n, tuple(perms.get(n, ()))) for n in st.roles),
             principals=tuple(
-                PrincipalSpec(name, tuple(roles_of.get(pid, ()))) for pid, name in st.principals
+                PrincipalSpec(
+                    row[1],
+                    tuple(roles_of.get(row[0], ())),
+                    _limits_from(row[2:5]),
+                    model_limits.get(row[0], ()),
+                )
+                for row in st.principals
             ),
             keys=tuple(
-                KeySpec(k[1], principal_names[k[2]], None, None if k[5] is None else float(k[5]))
+                KeySpec(
+                    k[1],
+                    principal_names[k[2]],
+                    None,
+                    None if k[5] is None else float(k[5]),
+                    _limits_from(k[8:11]),
+                )
                 for k in sorted(st.keys, key=lambda k: str(k[1]))
                 if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names
             ),
         )
+
+
+def _model_limits_by_principal(rows: Sequence[Row]) -> dict[str, tuple[tuple[str, LimitsSpec], ...]]:
+    """``(principal_id, model, *limits)`` rows -> each principal's ``(model, limits)`` in model order."""
+    out: dict[str, list[tuple[str, LimitsSpec]]] = {}
+    for row in sorted(rows, key=lambda r: str(r[1])):
+        spec = _limits_from(row[2:5])
+        if spec is not None:
+            out.setdefault(row[0], []).append((row[1], spec))
+    return {pid: tuple(entries) for pid, entries in out.items()}
