@@ -12,7 +12,7 @@ MOCK_PORT ?= 8001
 $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/_ffi_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel cffi
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,bench]'
 	$(BIN)/python setup.py -q build_ext --inplace --force
 	touch $(STAMP)
 

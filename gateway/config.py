@@ -35,6 +35,8 @@ class Settings:
     snapshot_poll_interval: float = 0.1  # how often a worker checks the published generation
     revision_poll_interval: float = 0.25  # how often the control worker checks the store's revision
     snapshot_segment_bytes: int = field(default_factory=lambda: _env_int("GATEWAY_SNAPSHOT_BYTES", 64 << 20))
+    bucket_capacity: int = 65536  # slots in the shared token-bucket table (64 bytes each)
+    default_completion_tokens: int = 512  # reserved per request without max_tokens, settled after
     disconnect_watch_after: float = 0.25  # seconds a request runs before client disconnects are watched
     backpressure: int = 4096  # concurrent connections per worker granian accepts
     log_level: str = "info"

@@ -19,7 +19,9 @@ import orjson
 
 from gateway.config import Settings
 from gateway.dataplane.forward import Forwarder, RelayAborted
-from gateway.dataplane.upstream import HOP_BY_HOP, make_session
+from gateway.dataplane.limits import Limiter, estimate_tokens
+from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.upstream import HOP_BY_HOP, make_client
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
 from gateway.keys import hash_secret
 from gateway.protocol.openai_request import RequestInfo, inspect_json, inspect_multipart
@@ -38,8 +40,15 @@ _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 
 
 class ProxyApp:
-    def __init__(self, settings: Settings, hash_key: bytes, reader: SnapshotReader | None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        hash_key: bytes,
+        reader: SnapshotReader | None,
+        limiter: Limiter | None = None,
+    ) -> None:
         self.settings = settings
+        self.limiter = limiter
         self.hash_key = hash_key
         self.reader = reader
         self.snapshot = Snapshot.empty()
@@ -51,14 +60,14 @@ class ProxyApp:
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
-        self.forwarder = Forwarder(make_session())
+        self.forwarder = Forwarder(make_client())
         self._follow_task = loop.create_task(self._follow_snapshots())
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._follow_task is not None:
             self._follow_task.cancel()
         if self.forwarder is not None:
-            loop.create_task(self.forwarder.session.close())
+            loop.create_task(self.forwarder.client.close())
 
     def refresh_snapshot(self) -> bool:
         """Swap in the published snapshot if its generation moved. Never raises on a bad document."""
@@ -131,12 +140,25 @@ class ProxyApp:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
         if not key.principal.may_use(info.model):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        ticket = None
+        if self.limiter is not None:
+            tokens = estimate_tokens(len(body), info.max_tokens, self.settings.default_completion_tokens)
+            ticket = self.limiter.admit(key, info.model, tokens)
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         qs = scope.query_string
         path_qs = path + "?" + qs if qs else path
-        await self.run_guarded(
-            proto, self.forwarder_or_fail().forward(proto, method, path_qs, forwarded, body, info, route)
-        )
+        forwarder = self.forwarder_or_fail()
+        if ticket is None:
+            await self.run_guarded(
+                proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, route)
+            )
+            return
+        tap = ResponseTap(proto, ticket.headers)
+        try:
+            await self.run_guarded(tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route))
+        finally:
+            usage = tap.usage()
+            self.limiter.finish(ticket, usage.total_tokens if usage is not None else None)  # type: ignore[union-attr]
 
     def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):

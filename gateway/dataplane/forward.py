@@ -4,25 +4,22 @@ A target is tried, and on a connect error, a timeout before the response headers
 next one is, in chain order. Other statuses are the answer. Nothing is retried once the first byte has
 been handed to the client. When every target failed, the last HTTP answer any of them gave reaches the
 client verbatim; only if none answered at all does the gateway speak (502/504).
-I/O: the upstream request through the worker's aiohttp session, and writes to the client.
+I/O: the upstream request through the worker's ``UpstreamClient``, and writes to the client.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
+from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamResponse
+from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.upstream import HOP_BY_HOP
 from gateway.errors import GatewayError, UpstreamUnavailable
 from gateway.protocol.openai_request import RequestInfo, splice_model
 from gateway.snapshot import Route, Target
 
 __all__ = ["Attempted", "Forwarder", "RelayAborted", "UpstreamTimeout"]
-
-_RETRYABLE_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 class UpstreamTimeout(GatewayError):
@@ -46,25 +43,20 @@ class Attempted:
     attempts: int
 
 
-def _response_headers(resp: aiohttp.ClientResponse) -> list[tuple[str, str]]:
-    return [
-        (k.decode("latin-1"), v.decode("latin-1"))
-        for k, v in resp.raw_headers
-        if k.decode("latin-1").lower() not in HOP_BY_HOP
-    ]
+def _response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP]
 
 
-def _upstream_headers(headers: list[tuple[str, str]], target: Target) -> dict[str, str]:
-    out = dict(headers)
+def _upstream_headers(headers: list[tuple[str, str]], target: Target) -> list[tuple[str, str]]:
     key = target.backend.api_key
     if key:
-        out["Authorization"] = "Bearer " + key
-    return out
+        return [*headers, ("Authorization", "Bearer " + key)]
+    return headers
 
 
 class Forwarder:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
+    def __init__(self, client: UpstreamClient) -> None:
+        self.client = client
 
     async def forward(
         self,
@@ -87,25 +79,24 @@ class Forwarder:
             if info is not None and target.upstream_model != info.model:
                 payload = splice_model(body, info, target.upstream_model)
             try:
-                async with asyncio.timeout(backend.connect_timeout + backend.first_byte_timeout):
-                    resp = await self.session.request(
-                        method,
-                        backend.url + path_qs,
-                        data=payload,
-                        headers=_upstream_headers(headers, target),
-                        allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(
-                            total=None, sock_connect=backend.connect_timeout, sock_read=backend.read_timeout
-                        ),
-                    )
-            except _RETRYABLE_ERRORS as exc:
+                resp = await self.client.request(
+                    backend.url,
+                    method,
+                    path_qs,
+                    _upstream_headers(headers, target),
+                    payload,
+                    connect_timeout=backend.connect_timeout,
+                    first_byte_timeout=backend.first_byte_timeout,
+                    read_timeout=backend.read_timeout,
+                )
+            except UpstreamError as exc:
                 last_error = exc
                 continue
             status = resp.status
             if (status == 429 or status >= 500) and index < last_index:
                 try:
                     kept = (status, _response_headers(resp), await resp.read())
-                except _RETRYABLE_ERRORS:
+                except UpstreamError:
                     pass
                 finally:
                     resp.release()
@@ -116,12 +107,12 @@ class Forwarder:
             status, hdrs, data = kept
             proto.response_bytes(status, hdrs, data)
             return Attempted(target, status, len(targets))
-        if isinstance(last_error, TimeoutError):
+        if isinstance(last_error, ClientTimeout):
             raise UpstreamTimeout("no backend answered in time for this model")
         detail = f": {type(last_error).__name__}" if last_error is not None else ""
         raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")
 
-    async def _relay(self, proto: Any, resp: aiohttp.ClientResponse) -> None:
+    async def _relay(self, proto: Any, resp: UpstreamResponse) -> None:
         """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by
         chunk otherwise. A streamed answer whose length the engine declared keeps that length, so a cut
         in the middle shows the client a short body instead of a cleanly ended one."""
@@ -132,7 +123,7 @@ class Forwarder:
             if not streamed:
                 try:
                     data = await resp.read()
-                except _RETRYABLE_ERRORS as exc:
+                except UpstreamError as exc:
                     raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
                 proto.response_bytes(resp.status, headers, data)
                 return
@@ -140,11 +131,11 @@ class Forwarder:
                 headers.append(("content-length", str(length)))
             transport = proto.response_stream(resp.status, headers)
             try:
-                async for chunk in resp.content.iter_any():
+                async for chunk in resp:
                     await transport.send_bytes(chunk)
-            except _RETRYABLE_ERRORS as exc:
+            except UpstreamError as exc:
                 # granian ends the client's response only when the transport object is freed, and the
-                # exception (kept by aiohttp's reader) pins this frame through its traceback: let go of both.
+                # exception pins this frame through its traceback: let go of both.
                 del transport
                 exc.__traceback__ = None
                 raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None

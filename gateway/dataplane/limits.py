@@ -108,4 +108,3 @@ def _refused(what: str, limit: int, retry_after: float) -> RateLimited:
     return RateLimited(
         f"Rate limit reached: {limit} {what}. Retry after {seconds}s.", headers={"retry-after": str(seconds)}
     )
-

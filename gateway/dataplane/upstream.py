@@ -1,18 +1,20 @@
-"""The upstream HTTP client of one proxy worker.
+"""How a proxy worker talks to backends: its upstream client, the TLS roots it trusts, and the headers
+that never cross the proxy.
 
-aiohttp's client is used on the request path (httpx's pool measured ~18x slower here, see
-perf/client_compare.py); one session per worker keeps connections alive to every backend. Responses are
-never decompressed or parsed: ``Accept-Encoding`` is not sent, so bytes arrive as the engine wrote them.
-I/O: TCP/TLS connections to backends.
+The client is ``http_client.UpstreamClient``, a lean HTTP/1.1 client of our own (aiohttp's cost about
+four times the CPU per request, httpx's pool was ~18x slower again: perf/client_micro.py,
+perf/client_compare.py); one per worker keeps connections alive to every backend. Responses are never
+decompressed or parsed: ``Accept-Encoding`` is not sent, so bytes arrive as the engine wrote them.
+I/O: none at import or construction; ``make_ssl_context`` reads the CA bundle.
 """
 
 from __future__ import annotations
 
 import ssl
 
-import aiohttp
+from gateway.dataplane.http_client import UpstreamClient
 
-__all__ = ["HOP_BY_HOP", "make_session", "make_ssl_context"]
+__all__ = ["HOP_BY_HOP", "make_client", "make_ssl_context"]
 
 # Headers that describe one connection, not the message, plus the ones we always set ourselves.
 HOP_BY_HOP = frozenset(
@@ -45,19 +47,6 @@ def make_ssl_context() -> ssl.SSLContext:
     return ctx
 
 
-def make_session() -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(
-        limit=0,  # no pool-wide cap: admission control is the gateway's job, not the pool's
-        limit_per_host=0,
-        ssl=make_ssl_context(),
-        ttl_dns_cache=60,
-        keepalive_timeout=60,
-        enable_cleanup_closed=False,
-    )
-    return aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-        timeout=aiohttp.ClientTimeout(total=None),
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
+def make_client() -> UpstreamClient:
+    """The worker's client. No pool-wide cap: admission control is the gateway's job, not the pool's."""
+    return UpstreamClient(keepalive_timeout=60.0, max_idle_per_host=256)

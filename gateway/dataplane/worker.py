@@ -19,6 +19,8 @@ from granian.server.embed import Server
 
 from gateway.config import Settings
 from gateway.dataplane.app import ProxyApp
+from gateway.dataplane.limits import Limiter
+from gateway.native import BucketTable
 from gateway.shm.snapshot_slot import SnapshotReader
 
 __all__ = ["run_proxy_worker"]
@@ -26,8 +28,10 @@ __all__ = ["run_proxy_worker"]
 log = logging.getLogger("gateway.dataplane")
 
 
-def run_proxy_worker(settings: Settings, snapshot_buf: memoryview, hash_key: bytes) -> int:
-    app = ProxyApp(settings, hash_key, SnapshotReader(snapshot_buf))
+def run_proxy_worker(
+    settings: Settings, snapshot_buf: memoryview, bucket_buf: memoryview, hash_key: bytes
+) -> int:
+    app = ProxyApp(settings, hash_key, SnapshotReader(snapshot_buf), Limiter(BucketTable(bucket_buf)))
     asyncio.run(_serve(settings, app))
     return 0
 

@@ -17,6 +17,7 @@ import orjson
 
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
+from gateway.native import BucketTable, region_size
 from gateway.shm.segment import Segment
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
 from gateway.supervisor.process import Supervisor, WorkerSpec
@@ -76,12 +77,19 @@ def run_serve(args: argparse.Namespace) -> int:
 
     Supervisor.block_signals()
     segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
-    specs = _worker_specs(settings, segment, hash_key)
+    buckets = Segment.create(region_size(settings.bucket_capacity))
+    BucketTable.create_layout(buckets.buf, settings.bucket_capacity).close()
+    specs = _worker_specs(settings, segment, buckets, hash_key)
     sup = Supervisor(
         specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json"
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
-    sup.extra_state = {"snapshot_segment": segment.id, "port": settings.port, "host": settings.host}
+    sup.extra_state = {
+        "snapshot_segment": segment.id,
+        "bucket_segment": buckets.id,
+        "port": settings.port,
+        "host": settings.host,
+    }
 
     sup.spawn(specs[0])  # the control worker publishes the first snapshot before proxies take traffic
     reader = SnapshotReader(segment.buf)
@@ -97,16 +105,23 @@ def run_serve(args: argparse.Namespace) -> int:
         return sup.run()
     finally:
         segment.close()
+        buckets.close()
 
 
-def _worker_specs(settings: Settings, segment: Segment, hash_key: bytes) -> list[WorkerSpec]:
+def _worker_specs(
+    settings: Settings, segment: Segment, buckets: Segment, hash_key: bytes
+) -> list[WorkerSpec]:
     from gateway.controlplane.worker import run_control_worker
     from gateway.dataplane.worker import run_proxy_worker
 
     specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, segment.buf))]
     for i in range(max(1, settings.workers)):
         specs.append(
-            WorkerSpec(f"proxy-{i + 1}", "proxy", lambda: run_proxy_worker(settings, segment.buf, hash_key))
+            WorkerSpec(
+                f"proxy-{i + 1}",
+                "proxy",
+                lambda: run_proxy_worker(settings, segment.buf, buckets.buf, hash_key),
+            )
         )
     return specs
 

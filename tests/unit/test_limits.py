@@ -22,11 +22,21 @@ def limiter() -> Iterator[Limiter]:
     seg.close()
 
 
-def key_with(principal_limits: dict | None = None, key_limits: dict | None = None,  # type: ignore[type-arg]
-             model_limits: dict | None = None, pid: str = "p1", kid: str = "k1") -> KeyEntry:  # type: ignore[type-arg]
+def key_with(
+    principal_limits: dict | None = None,
+    key_limits: dict | None = None,  # type: ignore[type-arg]
+    model_limits: dict | None = None,
+    pid: str = "p1",
+    kid: str = "k1",
+) -> KeyEntry:  # type: ignore[type-arg]
     principal = Principal(
-        pid, "alice", True, frozenset(), Limits.from_doc(f"p:{pid}", principal_limits),
-        {m: lim for m, d in (model_limits or {}).items() if (lim := Limits.from_doc(f"pm:{pid}:{m}", d))} or None,
+        pid,
+        "alice",
+        True,
+        frozenset(),
+        Limits.from_doc(f"p:{pid}", principal_limits),
+        {m: lim for m, d in (model_limits or {}).items() if (lim := Limits.from_doc(f"pm:{pid}:{m}", d))}
+        or None,
     )
     return KeyEntry(kid, principal, None, Limits.from_doc(f"k:{kid}", key_limits))
 

@@ -1,0 +1,69 @@
+"""A thin wrapper around granian's RSGI protocol object that adds response headers (the rate-limit
+ones) and mirrors the response into a fixed-size tail buffer, so usage can be read once at the end.
+
+The bytes themselves are handed to granian untouched. The tap keeps the tail buffer, never the stream
+transport: granian ends a response when its transport object is freed, and the forwarder relies on that.
+I/O: none of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.native import TailBuffer, Usage, parse_usage
+
+__all__ = ["ResponseTap"]
+
+TAIL_BYTES = 4096
+
+
+class ResponseTap:
+    __slots__ = ("_proto", "extra_headers", "status", "tail", "whole")
+
+    def __init__(self, proto: Any, extra_headers: list[tuple[str, str]]) -> None:
+        self._proto = proto
+        self.extra_headers = extra_headers
+        self.status = 0
+        self.whole: bytes | None = None
+        self.tail: TailBuffer | None = None
+
+    def __call__(self) -> Any:
+        return self._proto()
+
+    def __aiter__(self) -> Any:
+        return self._proto.__aiter__()
+
+    def client_disconnect(self) -> Any:
+        return self._proto.client_disconnect()
+
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.status = status
+        self.whole = body
+        self._proto.response_bytes(status, headers + self.extra_headers, body)
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _TapTransport:
+        self.status = status
+        self.tail = TailBuffer(TAIL_BYTES)
+        return _TapTransport(self._proto.response_stream(status, headers + self.extra_headers), self.tail)
+
+    def usage(self) -> Usage | None:
+        """Usage from the last bytes of a successful answer, parsed once; None when absent or not 2xx."""
+        if not 200 <= self.status < 300:
+            return None
+        if self.whole is not None:
+            return parse_usage(memoryview(self.whole)[-TAIL_BYTES:])
+        if self.tail is not None:
+            return self.tail.usage()
+        return None
+
+
+class _TapTransport:
+    __slots__ = ("_tail", "_transport")
+
+    def __init__(self, transport: Any, tail: TailBuffer) -> None:
+        self._transport = transport
+        self._tail = tail
+
+    async def send_bytes(self, data: bytes) -> None:
+        self._tail.append(data)
+        await self._transport.send_bytes(data)

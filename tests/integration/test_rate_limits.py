@@ -1,0 +1,105 @@
+"""Rate limits are exact on one host: the buckets live in shared memory, so four workers admit exactly
+what one would."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+
+from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
+
+LIMITED = """
+[[principals]]
+name = "limited"
+roles = ["chatter"]
+limits = {{ {limits} }}
+"""
+
+
+def start(tmp_path: Path, engine: MockEngine, limits: str) -> tuple[Gateway, str]:
+    gw = Gateway(tmp_path, basic_config({"a": engine.url}, extra=LIMITED.format(limits=limits)), workers=4)
+    key = gw.create_key("limited")
+    wait_until(
+        lambda: (
+            httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+        ),
+        what="key published",
+    )
+    return gw, key
+
+
+def fire(gw: Gateway, key: str, n: int, threads: int = 16, body: bytes | None = None) -> list[httpx.Response]:
+    payload = body or orjson.dumps(
+        {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 1}
+    )
+
+    def one(_: int) -> httpx.Response:
+        # A fresh connection each time, so SO_REUSEPORT spreads the burst over all four workers.
+        return httpx.post(
+            gw.url + "/v1/chat/completions",
+            content=payload,
+            timeout=30,
+            headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        )
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_requests_per_minute_exact_across_four_workers(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw, key = start(tmp_path, mock_engine, "requests_per_minute = 100")
+    try:
+        started = time.monotonic()
+        responses = fire(gw, key, 400)
+        elapsed = time.monotonic() - started
+        ok = [r for r in responses if r.status_code == 200]
+        refused = [r for r in responses if r.status_code == 429]
+        assert len(ok) + len(refused) == 400
+        # GCRA refills continuously (100 per 60 s): a burst that takes `elapsed` seconds may see that refill.
+        assert 100 <= len(ok) <= 100 + int(elapsed * 100 / 60)
+        for r in refused:
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        assert ok[0].headers["x-ratelimit-limit-requests"] == "100"
+    finally:
+        gw.stop()
+
+
+def test_concurrency_limit_exact_across_four_workers(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw, key = start(tmp_path, mock_engine, "concurrent_requests = 3")
+    try:
+        mock_engine.configure(delay=1.5)
+        responses = fire(gw, key, 12, threads=12)
+        assert sum(r.status_code == 200 for r in responses) == 3
+        assert sum(r.status_code == 429 for r in responses) == 9
+        mock_engine.configure(delay=0)
+        assert all(r.status_code == 200 for r in fire(gw, key, 6, threads=3))  # slots came back
+    finally:
+        gw.stop()
+
+
+def test_tokens_per_minute_settle_to_real_usage(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw, key = start(tmp_path, mock_engine, "tokens_per_minute = 1000")
+    try:
+        mock_engine.configure(tokens=90)  # every answer uses 90 completion tokens, as max_tokens allows
+        body = orjson.dumps(
+            {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 90}
+        )
+        reserve = len(body) // 4 + 90
+        statuses, used = [], None
+        for _ in range(15):
+            r = fire(gw, key, 1, threads=1, body=body)[0]
+            statuses.append(r.status_code)
+            if r.status_code == 200 and used is None:
+                used = r.json()["usage"]["total_tokens"]
+        assert used is not None and used < reserve
+        # Each admitted request ends up costing its real usage; the next one must still fit its reservation.
+        expected = (1000 - reserve) // used + 1
+        assert statuses[:expected] == [200] * expected
+        assert statuses[expected] == 429
+    finally:
+        gw.stop()
