@@ -3,7 +3,8 @@
 The same minimal proxy (granian's embedded server, RSGI, one process) forwards every request to the
 nginx mock engine with (a) ``httpx.AsyncClient`` or (b) ``aiohttp.ClientSession(auto_decompress=False)``;
 wrk drives each at 64 connections in turn, and the req/s, latency and CPU µs per request are printed side
-by side. It is why httpx stays off the request path; perf/client_micro.py compares aiohttp with our own client.
+by side. It is why httpx stays off the request path; perf/client_micro.py compares aiohttp with our
+own client.
 I/O: subprocesses (nginx, the proxy under test, wrk), a temp directory, /proc.
 """
 
