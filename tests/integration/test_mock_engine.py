@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.mockengine import commands
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.responses import MockRequestError, parse_multipart
+from tests.fixtures.processes import terminate
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("mock-model", "other-model")
@@ -105,14 +106,7 @@ class MockProcess:
     def stop(self) -> int:
         self.http.close()
         self.sdk.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return terminate(self.proc)
 
 
 @pytest.fixture(scope="module")
