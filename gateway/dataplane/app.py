@@ -140,15 +140,16 @@ class ProxyApp:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
         if not key.principal.may_use(info.model):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        limiter = self.limiter
         ticket = None
-        if self.limiter is not None:
+        if limiter is not None:
             tokens = estimate_tokens(len(body), info.max_tokens, self.settings.default_completion_tokens)
-            ticket = self.limiter.admit(key, info.model, tokens)
+            ticket = limiter.admit(key, info.model, tokens)
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         qs = scope.query_string
         path_qs = path + "?" + qs if qs else path
         forwarder = self.forwarder_or_fail()
-        if ticket is None:
+        if limiter is None or ticket is None:
             await self.run_guarded(
                 proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, route)
             )
@@ -158,7 +159,7 @@ class ProxyApp:
             await self.run_guarded(tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route))
         finally:
             usage = tap.usage()
-            self.limiter.finish(ticket, usage.total_tokens if usage is not None else None)  # type: ignore[union-attr]
+            limiter.finish(ticket, usage.total_tokens if usage is not None else None)
 
     def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
