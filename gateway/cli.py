@@ -38,6 +38,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 def build_parser() -> argparse.ArgumentParser:
     from gateway.controlplane import commands as cp_commands
+    from gateway.controlplane import usage_commands
     from gateway.mockengine import commands as mock_commands
     from gateway.supervisor import commands as sup_commands
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sup_commands.register(sub)
     cp_commands.register(sub)
+    usage_commands.register(sub)
     mock_commands.register(sub)
     return parser
 

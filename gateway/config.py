@@ -39,6 +39,11 @@ class Settings:
     default_completion_tokens: int = 512  # reserved per request without max_tokens, settled after
     disconnect_watch_after: float = 0.25  # seconds a request runs before client disconnects are watched
     backpressure: int = 4096  # concurrent connections per worker granian accepts
+    usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
+    inject_stream_usage: bool = True  # ask engines for a stream's usage when the client did not
+    usage_ring_slots: int = 4096  # records each proxy worker's ring holds (1 KiB each)
+    usage_drain_interval: float = 0.1  # how often the control worker moves records into the store
+    budget_refresh_interval: float = 30.0  # how often budgets' base spend is re-read from the store
     log_level: str = "info"
 
     @property

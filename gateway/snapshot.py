@@ -14,11 +14,13 @@ Document schema (``schema`` = 1)::
                               "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0}},
       "routes": {            # every callable name: frontend models, their aliases, provider models
         "chat": {"canonical": "chat", "kind": "frontend",
-                 "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...]}
+                 "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...],
+                 "price": [0.15, 0.6, 0.075]}   # optional: input, output, cached input per 1M tokens
       },
       "principals": {"7": {"name": "alice", "allow_all": false, "models": ["chat", "gpt-4o-mini"],
                            "limits": {"rpm": 100, "tpm": 20000, "concurrency": 8},      # optional
-                           "model_limits": {"chat": {"rpm": 10}}}},                      # optional
+                           "model_limits": {"chat": {"rpm": 10}},                         # optional
+                           "budget": {"period": "month", "tokens": 10000000, "cost": 50.0}}},  # optional
       "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
                                                   "limits": {"rpm": 30}}},               # optional
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
@@ -27,6 +29,8 @@ Document schema (``schema`` = 1)::
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
 limits to one key, ``model_limits`` to one principal calling one model name (the name the caller used).
+
+Budgets and prices are explained in ``gateway.budget``.
 
 A route's ``targets`` is the fallback chain already flattened: each provider model of the chain in order,
 and within it each of its backends in order, as ``[provider_model, backend, upstream_model]``.
@@ -39,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from gateway.budget import Budget, Price
 from gateway.shm.bucket_keys import bucket_key
 
 SCHEMA = 1
@@ -70,6 +75,7 @@ class Route:
     canonical: str
     kind: str  # "frontend" | "provider"
     targets: tuple[Target, ...]
+    price: Price | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class Principal:
     models: frozenset[str]
     limits: Limits | None = None
     model_limits: dict[str, Limits] | None = None
+    budget: Budget | None = None
 
     def may_use(self, model: str) -> bool:
         return self.allow_all or model in self.models
@@ -170,7 +177,11 @@ class Snapshot:
                 if be in backends
             )
             routes[name] = Route(
-                name=name, canonical=r.get("canonical", name), kind=r.get("kind", "frontend"), targets=targets
+                name=name,
+                canonical=r.get("canonical", name),
+                kind=r.get("kind", "frontend"),
+                targets=targets,
+                price=Price.from_doc(r.get("price")),
             )
         principals = {
             pid: Principal(
@@ -185,6 +196,7 @@ class Snapshot:
                     if (lim := Limits.from_doc(f"pm:{pid}:{model}", ml)) is not None
                 }
                 or None,
+                budget=Budget.from_doc(pid, p.get("budget")),
             )
             for pid, p in doc.get("principals", {}).items()
         }

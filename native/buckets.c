@@ -8,7 +8,10 @@
  *     [0] key (0 = free; claimed once by CAS, never released)
  *     [1] TAT, the GCRA theoretical arrival time, in ns on CLOCK_MONOTONIC
  *     [2] concurrency gauge
- *     [3..7] reserved
+ *     [3] live spend, tokens     [4] live spend, cost   (added to by proxy workers)
+ *     [5] base spend, tokens     [6] base spend, cost   (set by the control worker)
+ *     [7] reserved
+ * A key names one kind of use: rate limits use [1], gauges [2], budget windows [3..6].
  *
  * A slot is found by linear probing from a mix of its key. Every operation is one CAS loop on one word,
  * so a process that dies mid-operation leaves no lock behind. Times are signed 64-bit nanoseconds kept
@@ -30,6 +33,10 @@
 #define W_KEY 0
 #define W_TAT 1
 #define W_GAUGE 2
+#define W_LIVE_TOKENS 3
+#define W_LIVE_COST 4
+#define W_BASE_TOKENS 5
+#define W_BASE_COST 6
 
 #define TIME_MAX (INT64_C(1) << 62) /* ~146 years of nanoseconds */
 #define SPAN_MAX (INT64_C(1) << 61)
@@ -289,4 +296,42 @@ int64_t gw_bt_gauge(const char *base, size_t size, uint64_t key) {
     int err = GW_OK;
     const uint64_t *slot = find_slot(base, capacity, key, 0, &err);
     return slot ? (int64_t)__atomic_load_n(&slot[W_GAUGE], __ATOMIC_ACQUIRE) : 0;
+}
+
+/* ---- budget spend -------------------------------------------------------------------------------------- */
+
+int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int err = GW_OK;
+    uint64_t *slot = find_slot(base, capacity, key, 1, &err);
+    if (slot == NULL) return err;
+    /* Unsigned addition wraps without UB; the words are read back as two's complement. */
+    __atomic_fetch_add(&slot[W_LIVE_TOKENS], (uint64_t)tokens, __ATOMIC_ACQ_REL);
+    __atomic_fetch_add(&slot[W_LIVE_COST], (uint64_t)cost, __ATOMIC_ACQ_REL);
+    return GW_OK;
+}
+
+int gw_bt_spend_set_base(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int err = GW_OK;
+    uint64_t *slot = find_slot(base, capacity, key, 1, &err);
+    if (slot == NULL) return err;
+    __atomic_store_n(&slot[W_BASE_TOKENS], (uint64_t)tokens, __ATOMIC_RELEASE);
+    __atomic_store_n(&slot[W_BASE_COST], (uint64_t)cost, __ATOMIC_RELEASE);
+    return GW_OK;
+}
+
+int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out) {
+    if (out == NULL || key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int err = GW_OK;
+    const uint64_t *slot = find_slot(base, capacity, key, 0, &err);
+    for (int i = 0; i < 4; i++)
+        out[i] = slot ? (int64_t)__atomic_load_n(&slot[W_LIVE_TOKENS + i], __ATOMIC_ACQUIRE) : 0;
+    return GW_OK;
 }

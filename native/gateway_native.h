@@ -1,11 +1,13 @@
 /*
  * gateway_native.h: the C surface of gateway._gateway_native.
  *
- * Two independent parts:
+ * Three independent parts:
  *   - usage_tail.c: find the token usage in the last bytes of an LLM response (a pure function of bytes),
  *     and a fixed-capacity tail buffer that keeps those last bytes;
  *   - buckets.c: 64-bit atomics on caller-provided (usually shared) memory, and a lock-free table of GCRA
- *     rate buckets and concurrency gauges living in such memory.
+ *     rate buckets and concurrency gauges living in such memory;
+ *   - usage_ring.c: single-producer/single-consumer rings of small records (usage records) in such
+ *     memory, one ring per producer process and one consumer for all of them.
  *
  * No function here allocates, blocks, or performs I/O; the only system call is clock_gettime.
  *
@@ -109,6 +111,49 @@ int gw_bt_peek(const char *base, size_t size, uint64_t key, double rate_per_s, i
 int gw_bt_acquire(char *base, size_t size, uint64_t key, int64_t limit);
 int64_t gw_bt_release(char *base, size_t size, uint64_t key);
 int64_t gw_bt_gauge(const char *base, size_t size, uint64_t key);
+
+/* Budget spend of one window: a live part that many processes add to, and a base that one process sets.
+ * spend_add claims the slot and adds atomically to each live word; spend_set_base claims it and stores the
+ * base; spend_read fills out[0..3] = live tokens, live cost, base tokens, base cost (zeros for an unknown
+ * key, which is not claimed). Each word is atomic on its own; the four are not one snapshot. */
+int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost);
+int gw_bt_spend_set_base(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost);
+int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out);
+
+/* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
+
+/* Bytes for `rings` rings (in [1, 4096]) of `slots` slots (a power of two in [2, 2^20]) of `slot_bytes`
+ * bytes each (a multiple of 64 in [64, 65536]); 0 when any argument is invalid. A record holds at most
+ * slot_bytes - 8 bytes. */
+uint64_t gw_ring_region_size(uint64_t rings, uint64_t slots, uint64_t slot_bytes);
+
+/* Zero region[0, gw_ring_region_size(...)) and write the header. Call once, before other processes use
+ * the region. GW_EINVAL for bad geometry, GW_EREGION for a NULL, misaligned or too small region. */
+int gw_ring_init(char *base, size_t size, uint64_t rings, uint64_t slots, uint64_t slot_bytes);
+
+/* Every function below validates the region against `size` on each call (GW_EREGION when it is not an
+ * initialised ring region of at most `size` bytes) and returns GW_EINVAL for ring >= rings. */
+
+/* out[0] = rings, out[1] = slots, out[2] = slot_bytes. */
+int gw_ring_geometry(const char *base, size_t size, uint64_t *out);
+
+/* Producer of `ring` (one process at a time): copy a record of len bytes into the ring. Returns 1 when
+ * pushed, 0 when the ring is full, GW_EINVAL when len > slot_bytes - 8. The record becomes visible to the
+ * consumer only once completely copied. */
+int gw_ring_push(char *base, size_t size, uint64_t ring, const char *data, size_t len);
+
+/* Consumer: copy up to max_records pending records, oldest first, WITHOUT consuming them, into out as
+ * consecutive entries [uint32 length, host order][payload, unpadded]; stops early at the first entry that
+ * would not fit in out_cap bytes. Returns the number of records copied. A slot whose stored length exceeds
+ * slot_bytes - 8 (a scribbled region) is returned as a zero-length record. */
+int64_t gw_ring_read(const char *base, size_t size, uint64_t ring, char *out, size_t out_cap,
+                     uint64_t max_records);
+
+/* Consumer: consume the n oldest pending records; GW_EINVAL when fewer than n are pending. */
+int gw_ring_advance(char *base, size_t size, uint64_t ring, uint64_t n);
+
+/* out[0] = head (records ever pushed), out[1] = tail (records ever consumed). */
+int gw_ring_counters(const char *base, size_t size, uint64_t ring, uint64_t *out);
 
 /* cffi:end */
 

@@ -1,4 +1,5 @@
-"""CLI subcommands of the control plane: ``apply``, ``export``, ``keys``, ``principals``.
+"""CLI subcommands of the control plane: ``apply``, ``export``, ``keys``, ``principals``
+(``usage`` and ``budgets`` are in ``usage_commands``).
 
 Each opens the store named by ``--data-dir``/``--database``, does one thing and closes it. Output meant
 for scripts goes to stdout (the new revision, the exported TOML, a new key's secret, listings); notes
@@ -23,7 +24,7 @@ from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config
 from gateway.controlplane.store import open_store
 from gateway.errors import ConfigError, GatewayError
 
-__all__ = ["apply_file", "register"]
+__all__ = ["apply_file", "finish_command", "print_table", "register", "utc_time"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -40,10 +41,10 @@ def register(sub: Any) -> None:
     """Add this area's subcommands to the ``gateway`` parser's subparsers object."""
     p = sub.add_parser("apply", help="make the store match a TOML config file; prints the new revision")
     p.add_argument("file", type=Path, help="the TOML file (see docs/configuration.md)")
-    _finish(p, _cmd_apply)
+    finish_command(p, _cmd_apply)
 
     p = sub.add_parser("export", help="print the current configuration as TOML (keys without secrets)")
-    _finish(p, _cmd_export)
+    finish_command(p, _cmd_export)
 
     keys = sub.add_parser("keys", help="create, revoke and list API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
@@ -54,23 +55,23 @@ def register(sub: Any) -> None:
     p.add_argument("--rpm", metavar="N", help="limit: requests per minute through this key")
     p.add_argument("--tpm", metavar="N", help="limit: tokens per minute through this key")
     p.add_argument("--concurrency", metavar="N", help="limit: requests in flight at once through this key")
-    _finish(p, _cmd_keys_create)
+    finish_command(p, _cmd_keys_create)
     p = keys_sub.add_parser("revoke", help="revoke a key by id or name")
     p.add_argument("key", help="key id or name")
-    _finish(p, _cmd_keys_revoke)
+    finish_command(p, _cmd_keys_revoke)
     p = keys_sub.add_parser("list", help="list keys (never their secrets)")
     p.add_argument("--principal", help="only this principal's keys")
-    _finish(p, _cmd_keys_list)
+    finish_command(p, _cmd_keys_list)
 
     principals = sub.add_parser("principals", help="list principals")
     principals_sub = principals.add_subparsers(dest="principals_command", required=True)
     p = principals_sub.add_parser(
         "list", help="list principals with their roles, active key counts, limits and model limits"
     )
-    _finish(p, _cmd_principals_list)
+    finish_command(p, _cmd_principals_list)
 
 
-def _finish(p: argparse.ArgumentParser, handler: Handler) -> None:
+def finish_command(p: argparse.ArgumentParser, handler: Handler) -> None:
     add_common_options(p)
     p.set_defaults(handler=_reporting(handler))
 
@@ -93,7 +94,7 @@ def _hash_key(settings: Settings) -> bytes:
         raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
 
 
-def _time(ts: float | None) -> str:
+def utc_time(ts: float | None) -> str:
     if ts is None:
         return "-"
     return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -126,7 +127,7 @@ def _limit_arg(flag: str, raw: str | None) -> int | None:
     return value
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=False)]
     for row in (header, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -192,7 +193,7 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         keys = store.list_keys(args.principal)
     now = time.time()
-    _table(
+    print_table(
         ("ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY", "LIMITS"),
         [
             (
@@ -201,8 +202,8 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
                 k.principal,
                 k.hash_prefix,
                 k.status(now),
-                _time(k.created_at),
-                _time(k.expires_at),
+                utc_time(k.created_at),
+                utc_time(k.expires_at),
                 k.managed_by,
                 _limits_text(k.limits),
             )
@@ -215,7 +216,7 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
 def _cmd_principals_list(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         principals = store.principals()
-    _table(
+    print_table(
         ("ID", "NAME", "ROLES", "ACTIVE_KEYS", "LIMITS", "MODEL_LIMITS"),
         [
             (

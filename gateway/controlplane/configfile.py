@@ -20,6 +20,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.budget import check_period
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -30,10 +31,12 @@ __all__ = [
     "MAX_LIMIT",
     "PROTOCOLS",
     "BackendSpec",
+    "BudgetSpec",
     "ConfigDoc",
     "KeySpec",
     "LimitsSpec",
     "ModelSpec",
+    "PriceSpec",
     "PrincipalSpec",
     "ProviderBackend",
     "ProviderModelSpec",
@@ -56,6 +59,9 @@ MIN_SECRET_LENGTH = 16
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 # Far above any real limit, and far below the 64-bit integers the store and the shared buckets hold.
 MAX_LIMIT = 10**12
+# Prices per million tokens and budgets in currency units; spend is summed in nano-units in 64 bits.
+MAX_PRICE = 10**6
+MAX_BUDGET_COST = 10**9
 
 _NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -82,9 +88,23 @@ class ProviderBackend:
 
 
 @dataclass(frozen=True, slots=True)
+class PriceSpec:
+    """Currency units per million tokens; cached prompt tokens cost ``input`` unless priced apart."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+
+    def as_list(self) -> list[float]:
+        """``[input, output, cached_input]`` with the cached price resolved, as the snapshot carries it."""
+        return [self.input, self.output, self.input if self.cached_input is None else self.cached_input]
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderModelSpec:
     name: str
     backends: tuple[ProviderBackend, ...]
+    price: PriceSpec | None = None  # charged when a client calls this provider model by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +114,7 @@ class ModelSpec:
     name: str
     chain: tuple[str, ...]
     aliases: tuple[str, ...] = ()
+    price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,12 +140,22 @@ class LimitsSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """What a principal may spend per period: tokens, cost (currency units), or both. Never both None."""
+
+    period: str = "month"
+    tokens: int | None = None
+    cost: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PrincipalSpec:
     name: str
     roles: tuple[str, ...]
     limits: LimitsSpec | None = None  # all of the principal's keys together
     # (model name a client calls, limits of this principal calling it), ordered by model name
     model_limits: tuple[tuple[str, LimitsSpec], ...] = ()
+    budget: BudgetSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,8 +409,10 @@ def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | No
 
 
 def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
-    p.unknown_fields(place, item, ("name", "backends"))
+    p.unknown_fields(place, item, ("name", "backends", "price"))
+    before = len(p.lines)
     name = _name(p, place, item)
+    price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
     raw = item.get("backends")
     if raw is None:
         p.add(f"{place}.backends", "is required")
@@ -403,13 +436,13 @@ def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderM
             if pb in entries:
                 p.add(where, f"duplicate entry ({backend!r}, {model!r})")
             entries.append(pb)
-    if name is None or len(entries) != len(raw):
+    if name is None or len(entries) != len(raw) or len(p.lines) > before:
         return None
-    return ProviderModelSpec(name, tuple(entries))
+    return ProviderModelSpec(name, tuple(entries), price)
 
 
 def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
-    p.unknown_fields(place, item, ("name", "chain", "aliases"))
+    p.unknown_fields(place, item, ("name", "chain", "aliases", "price"))
     if isinstance(item.get("aliases"), list):  # even if invalid: see _Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
@@ -418,9 +451,63 @@ def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
         return None
     chain = _names(p, f"{place}.chain", item["chain"], required=True)
     aliases = _names(p, f"{place}.aliases", item.get("aliases", []), required=False)
-    if name is None or chain is None or aliases is None:
+    before = len(p.lines)
+    price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
+    if name is None or chain is None or aliases is None or len(p.lines) > before:
         return None
-    return ModelSpec(name, chain, aliases)
+    return ModelSpec(name, chain, aliases, price)
+
+
+_PRICE_FIELDS = ("input", "output", "cached_input")
+
+
+def _price(p: _Problems, place: str, value: object) -> PriceSpec | None:
+    if not isinstance(value, dict):
+        p.add(place, "must be a table such as { input = 0.15, output = 0.60 } (per million tokens)")
+        return None
+    p.unknown_fields(place, value, _PRICE_FIELDS)
+    values: dict[str, float] = {}
+    for name in _PRICE_FIELDS:
+        if name not in value:
+            if name != "cached_input":
+                p.add(f"{place}.{name}", "is required")
+            continue
+        v = value[name]
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            p.add(f"{place}.{name}", "must be a non-negative number (currency units per million tokens)")
+        elif v > MAX_PRICE:
+            p.add(f"{place}.{name}", f"must be at most {MAX_PRICE}")
+        else:
+            values[name] = float(v)
+    if "input" not in values or "output" not in values:
+        return None
+    return PriceSpec(values["input"], values["output"], values.get("cached_input"))
+
+
+def _budget(p: _Problems, place: str, value: object) -> BudgetSpec | None:
+    if not isinstance(value, dict):
+        p.add(place, 'must be a table such as { period = "month", tokens = 1000000, cost = 50.0 }')
+        return None
+    p.unknown_fields(place, value, ("period", "tokens", "cost"))
+    before = len(p.lines)
+    period = value.get("period", "month")
+    if problem := check_period(period):
+        p.add(f"{place}.period", problem)
+    tokens = value.get("tokens")
+    if tokens is not None and (problem := check_limit(tokens)):
+        p.add(f"{place}.tokens", problem)
+    cost = value.get("cost")
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost <= 0
+    ):
+        p.add(f"{place}.cost", "must be a positive number (currency units)")
+    elif cost is not None and cost > MAX_BUDGET_COST:
+        p.add(f"{place}.cost", f"must be at most {MAX_BUDGET_COST}")
+    if tokens is None and cost is None:
+        p.add(place, "needs tokens, cost, or both")
+    if len(p.lines) > before:
+        return None
+    return BudgetSpec(period, tokens, None if cost is None else float(cost))
 
 
 def _role(p: _Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
@@ -472,15 +559,16 @@ def _model_limits(p: _Problems, place: str, value: object) -> tuple[tuple[str, L
 
 
 def _principal(p: _Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
-    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits"))
+    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits", "budget"))
     before = len(p.lines)
     name = _name(p, place, item)
     roles = _names(p, f"{place}.roles", item.get("roles", []), required=False)
     limits = _limits(p, f"{place}.limits", item["limits"]) if "limits" in item else None
     model_limits = _model_limits(p, f"{place}.model_limits", item.get("model_limits", {}))
+    budget = _budget(p, f"{place}.budget", item["budget"]) if "budget" in item else None
     if len(p.lines) > before or name is None or roles is None:
         return None
-    return PrincipalSpec(name, roles, limits, model_limits)
+    return PrincipalSpec(name, roles, limits, model_limits, budget)
 
 
 def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
@@ -601,6 +689,22 @@ def _toml_limits(spec: LimitsSpec) -> str:
     return "{ " + ", ".join(fields) + " }"
 
 
+def _toml_price(spec: PriceSpec) -> str:
+    fields = [f"input = {spec.input!r}", f"output = {spec.output!r}"]
+    if spec.cached_input is not None:
+        fields.append(f"cached_input = {spec.cached_input!r}")
+    return "{ " + ", ".join(fields) + " }"
+
+
+def _toml_budget(spec: BudgetSpec) -> str:
+    fields = [f"period = {_toml_str(spec.period)}"]
+    if spec.tokens is not None:
+        fields.append(f"tokens = {spec.tokens}")
+    if spec.cost is not None:
+        fields.append(f"cost = {spec.cost!r}")
+    return "{ " + ", ".join(fields) + " }"
+
+
 def _rfc3339(ts: float) -> str:
     dt = datetime.fromtimestamp(ts, tz=UTC)
     return dt.isoformat(timespec="microseconds" if ts % 1 else "seconds").replace("+00:00", "Z")
@@ -624,9 +728,13 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             f"{{ backend = {_toml_str(e.backend)}, model = {_toml_str(e.model)} }}" for e in pm.backends
         )
         lines += ["", "[[provider_models]]", f"name = {_toml_str(pm.name)}", f"backends = [{entries}]"]
+        if pm.price is not None:
+            lines.append(f"price = {_toml_price(pm.price)}")
     for m in doc.models:
         lines += ["", "[[models]]", f"name = {_toml_str(m.name)}", f"chain = {_toml_list(m.chain)}"]
         lines.append(f"aliases = {_toml_list(m.aliases)}")
+        if m.price is not None:
+            lines.append(f"price = {_toml_price(m.price)}")
     for r in doc.roles:
         lines += [
             "",
@@ -641,6 +749,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         if pr.model_limits:
             entries = ", ".join(f"{_toml_key(m)} = {_toml_limits(spec)}" for m, spec in pr.model_limits)
             lines.append(f"model_limits = {{ {entries} }}")
+        if pr.budget is not None:
+            lines.append(f"budget = {_toml_budget(pr.budget)}")
     for k in doc.keys:
         lines += ["", "[[keys]]", f"name = {_toml_str(k.name)}", f"principal = {_toml_str(k.principal)}"]
         if k.secret is not None:

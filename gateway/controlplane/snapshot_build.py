@@ -16,6 +16,11 @@ Limits become ``"limits": {"rpm": .., "tpm": .., "concurrency": ..}`` with only 
 out when none is set, on principals and keys, and ``"model_limits": {model: {...}}`` on principals. A
 principal or key whose limits cannot be read is skipped like any bad row, so that a damaged row makes
 its requests fail rather than run unlimited.
+
+A priced model or provider model gives its route (and its aliases' routes) ``"price": [input, output,
+cached_input]`` per million tokens; a principal with a budget gets ``"budget": {"period": .., "tokens": ..,
+"cost": ..}``. An unreadable price is skipped (the model costs nothing); an unreadable budget skips its
+principal, like unreadable limits.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from gateway.controlplane.configfile import PROTOCOLS, check_limit, check_name, check_url
+from gateway.budget import check_period
+from gateway.controlplane.configfile import (
+    MAX_BUDGET_COST,
+    MAX_PRICE,
+    PROTOCOLS,
+    check_limit,
+    check_name,
+    check_url,
+)
 from gateway.controlplane.store import Store, StoreState
 from gateway.snapshot import SCHEMA
 
@@ -200,7 +213,51 @@ def _routes(
         else:
             routes[alias] = {"canonical": model, "kind": "frontend", "targets": list(target["targets"])}
             aliases_of.setdefault(model, []).append(alias)
+
+    prices: dict[str, list[float]] = {}
+    for name, *values in state.prices:
+        if (price := _price(values)) is None:
+            skip(f"price of model {name!r}", f"unreadable price {values!r}")
+        else:
+            prices[name] = price
+    for route in routes.values():
+        if (price := prices.get(route["canonical"])) is not None:
+            route["price"] = price
     return routes, aliases_of
+
+
+def _number(value: object, high: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _price(values: Sequence[object]) -> list[float] | None:
+    """``[input, output, cached_input]`` per million tokens, the cached price defaulting to the input one."""
+    inp, out = _number(values[0], MAX_PRICE), _number(values[1], MAX_PRICE)
+    cached = inp if values[2] is None else _number(values[2], MAX_PRICE)
+    if inp is None or out is None or cached is None:
+        return None
+    return [inp, out, cached]
+
+
+def _budget(values: Sequence[object]) -> dict[str, Any]:
+    """The document's budget from a row's three budget columns; ValueError when unreadable."""
+    period, tokens, cost = values
+    if check_period(period) is not None:
+        raise ValueError(f"unreadable budget period {period!r}")
+    if tokens is not None and check_limit(tokens) is not None:
+        raise ValueError(f"unreadable budget tokens {tokens!r}")
+    if cost is not None and not _number(cost, MAX_BUDGET_COST):
+        raise ValueError(f"unreadable budget cost {cost!r}")
+    if tokens is None and cost is None:
+        raise ValueError("a budget without tokens or cost")
+    budget: dict[str, Any] = {"period": period}
+    if tokens is not None:
+        budget["tokens"] = tokens
+    if cost is not None:
+        budget["cost"] = float(cost)  # type: ignore[arg-type]
+    return budget
 
 
 def _grants(
@@ -270,6 +327,15 @@ def _principals(
                 continue
             if own is not None:
                 limits.setdefault(pid, {}).setdefault("model_limits", {})[model] = own
+    for pid, *budget_values in state.budgets:
+        if pid not in names:
+            continue
+        try:
+            limits.setdefault(pid, {})["budget"] = _budget(budget_values)
+        except ValueError as exc:
+            skip(f"principal {pid!r}", str(exc))
+            del names[pid]
+            limits.pop(pid, None)
     held: dict[str, set[str]] = {pid: set() for pid in names}
     for pid, role in state.principal_roles:
         if pid not in held:

@@ -1,9 +1,14 @@
-"""Entry point of the forked control-plane worker: keeps the published snapshot equal to the store.
+"""Entry point of the forked control-plane worker: keeps the published snapshot equal to the store, and
+moves the proxy workers' usage records into it.
 
 It polls the store's config revision (cheap) and, when it moved, builds a snapshot and publishes it into
 the shared segment. SIGHUP re-applies the config file given to ``gateway serve --config`` first. A bad
-config file is logged and the current snapshot kept: a reload never takes the data plane down.
-I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the shared snapshot segment.
+config file is logged and the current snapshot kept: a reload never takes the data plane down. Every
+``usage_drain_interval`` it drains the usage rings into the store and keeps the budgets' base spend
+current (``UsageSink``); a database that is down only delays that, the rings and the workers' backlogs
+hold the records meanwhile. On SIGTERM (which the supervisor sends after the proxies have stopped) it
+drains the rings one last time.
+I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the shared segments.
 """
 
 from __future__ import annotations
@@ -12,14 +17,18 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.commands import apply_file
 from gateway.controlplane.snapshot_build import build_snapshot_doc
-from gateway.controlplane.store import Store, open_store
+from gateway.controlplane.store import Store, StoreError, open_store
+from gateway.controlplane.usage_sink import UsageSink
 from gateway.errors import GatewayError
+from gateway.native import BucketTable, UsageRing
+from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import PublishRefused, SnapshotPublisher
 
 __all__ = ["ControlWorker", "run_control_worker"]
@@ -27,32 +36,84 @@ __all__ = ["ControlWorker", "run_control_worker"]
 log = logging.getLogger("gateway.controlplane")
 
 
-def run_control_worker(settings: Settings, snapshot_buf: memoryview) -> int:
-    return asyncio.run(ControlWorker(settings, snapshot_buf).run())
+FINAL_DRAIN_SECONDS = 10.0
+
+
+def run_control_worker(settings: Settings, shared: SharedRegions) -> int:
+    return asyncio.run(ControlWorker(settings, shared).run())
 
 
 class ControlWorker:
-    def __init__(self, settings: Settings, snapshot_buf: memoryview) -> None:
+    def __init__(self, settings: Settings, shared: SharedRegions) -> None:
         self.settings = settings
-        self.publisher = SnapshotPublisher(snapshot_buf)
+        self.shared = shared
+        self.publisher = SnapshotPublisher(shared.snapshot)
+        self.sink: UsageSink | None = None
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
+        self._store_failing = False
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
-        store = open_store(self.settings)
+        settings = self.settings
+        store = open_store(settings)
+        self.sink = UsageSink(
+            store,
+            UsageRing(self.shared.usage),
+            BucketTable(self.shared.buckets),
+            self.shared.epoch,
+            refresh_interval=settings.budget_refresh_interval,
+        )
+        next_poll = 0.0
         try:
             while not self._stop.is_set():
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload_config()
-                self.publish_if_changed(store)
-                await self._sleep(self.settings.revision_poll_interval)
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + settings.revision_poll_interval
+                    self._guarded(lambda: self.publish_if_changed(store))
+                self._guarded(self.account)
+                await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
+            self.final_drain()
         finally:
             store.close()
         return 0
+
+    def account(self) -> None:
+        """Drain the usage rings, then fold window rollovers and refreshes into the budgets."""
+        assert self.sink is not None
+        for _ in range(8):  # a full batch may leave more behind; bounded so the loop stays responsive
+            if not self.sink.drain():
+                break
+        self.sink.tick()
+
+    def final_drain(self) -> None:
+        deadline = time.monotonic() + FINAL_DRAIN_SECONDS
+        assert self.sink is not None
+        while time.monotonic() < deadline:
+            try:
+                if not self.sink.drain():
+                    return
+            except StoreError as exc:
+                log.error("final usage drain failed: %s", exc)
+                time.sleep(0.2)
+        log.error("stopping with %d usage records still in the rings", self.sink.pending())
+
+    def _guarded(self, step: Callable[[], object]) -> None:
+        """Run one step of the loop; a store that fails is logged (once per outage) and retried."""
+        try:
+            step()
+        except StoreError as exc:
+            if not self._store_failing:
+                log.error("store unavailable, will retry: %s", exc)
+            self._store_failing = True
+            return
+        if self._store_failing:
+            log.info("store available again")
+            self._store_failing = False
 
     async def _sleep(self, seconds: float) -> None:
         waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._reload.wait())]
@@ -86,6 +147,8 @@ class ControlWorker:
         except PublishRefused as exc:
             log.error("snapshot not published: %s", exc)
             return False
+        if self.sink is not None:
+            self.sink.set_budgets(doc["principals"])
         log.info(
             "published snapshot generation %d (revision %d, %d bytes, %d skipped) in %.1f ms",
             generation,

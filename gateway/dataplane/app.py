@@ -18,13 +18,13 @@ from urllib.parse import unquote_plus
 import orjson
 
 from gateway.config import Settings
+from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.forward import Forwarder, RelayAborted
-from gateway.dataplane.limits import Limiter, estimate_tokens
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP, make_client
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
 from gateway.keys import hash_secret
-from gateway.protocol.openai_request import RequestInfo, inspect_json, inspect_multipart
+from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.snapshot import KeyEntry, Snapshot
 
@@ -37,6 +37,8 @@ _JSON = [("content-type", "application/json")]
 # (bytes must arrive uncompressed so usage can be read from them).
 _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+# Where an engine reports a stream's usage only when asked with stream_options.include_usage.
+_STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class ProxyApp:
@@ -45,10 +47,10 @@ class ProxyApp:
         settings: Settings,
         hash_key: bytes,
         reader: SnapshotReader | None,
-        limiter: Limiter | None = None,
+        accounting: Accounting | None = None,
     ) -> None:
         self.settings = settings
-        self.limiter = limiter
+        self.accounting = accounting
         self.hash_key = hash_key
         self.reader = reader
         self.snapshot = Snapshot.empty()
@@ -56,16 +58,20 @@ class ProxyApp:
         self.forwarder: Forwarder | None = None
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
+        self._usage_task: asyncio.Task[None] | None = None
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
         self.forwarder = Forwarder(make_client())
         self._follow_task = loop.create_task(self._follow_snapshots())
+        if self.accounting is not None and self.accounting.usage is not None:
+            self._usage_task = loop.create_task(self.accounting.usage.run())
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._follow_task is not None:
-            self._follow_task.cancel()
+        for task in (self._follow_task, self._usage_task):
+            if task is not None:
+                task.cancel()
         if self.forwarder is not None:
             loop.create_task(self.forwarder.client.close())
 
@@ -140,26 +146,45 @@ class ProxyApp:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
         if not key.principal.may_use(info.model):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
-        limiter = self.limiter
-        ticket = None
-        if limiter is not None:
-            tokens = estimate_tokens(len(body), info.max_tokens, self.settings.default_completion_tokens)
-            ticket = limiter.admit(key, info.model, tokens)
+        accounting = self.accounting
+        exchange = None
+        if accounting is not None:
+            exchange = accounting.admit(
+                key, info.model, route, len(body), info.max_tokens, self.settings.default_completion_tokens
+            )
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         qs = scope.query_string
         path_qs = path + "?" + qs if qs else path
         forwarder = self.forwarder_or_fail()
-        if limiter is None or ticket is None:
+        if accounting is None or exchange is None:
             await self.run_guarded(
                 proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, route)
             )
             return
-        tap = ResponseTap(proto, ticket.headers)
+        if (
+            info.stream
+            and not info.stream_options
+            and path in _STREAM_USAGE_PATHS
+            and self.settings.inject_stream_usage
+        ):
+            body = inject_stream_usage(body)
+        tap = ResponseTap(proto, exchange.headers)
+        status, backend = CLIENT_GONE, None
         try:
-            await self.run_guarded(tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route))
+            attempted = await self.run_guarded(
+                tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route)
+            )
+            if attempted is not None:
+                status = tap.status or attempted.status
+                backend = attempted.target.backend.name if attempted.target is not None else None
+        except GatewayError as exc:
+            status = exc.status
+            raise
+        except RelayAborted:
+            status = tap.status
+            raise
         finally:
-            usage = tap.usage()
-            limiter.finish(ticket, usage.total_tokens if usage is not None else None)
+            accounting.finish(exchange, tap, status, backend)
 
     def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
@@ -222,8 +247,9 @@ class ProxyApp:
             raise GatewayError("worker is not initialised")
         return self.forwarder
 
-    async def run_guarded(self, proto: Any, work: Any) -> None:
-        """Run ``work``, cancelling it (and with it the upstream request) if the client goes away.
+    async def run_guarded(self, proto: Any, work: Any) -> Any:
+        """Run ``work`` and return its result, or None when the client went away: then ``work`` is
+        cancelled, and with it the upstream request.
 
         Watching costs a task and a future per request, about a tenth of a small request's CPU, while a
         client can only waste engine time on a request that runs long. So the watch is armed only once
@@ -233,10 +259,11 @@ class ProxyApp:
         guard = _DisconnectGuard(proto, asyncio.current_task())
         timer = loop.call_later(self.settings.disconnect_watch_after, guard.arm, loop)
         try:
-            await work
+            return await work
         except asyncio.CancelledError:
             if not guard.gone:
                 raise
+            return None
         finally:
             timer.cancel()
             guard.disarm()

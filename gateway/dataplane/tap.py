@@ -1,5 +1,6 @@
-"""A thin wrapper around granian's RSGI protocol object that adds response headers (the rate-limit
-ones) and mirrors the response into a fixed-size tail buffer, so usage can be read once at the end.
+"""A thin wrapper around granian's RSGI protocol object that adds response headers (the request id and
+the rate-limit ones), notes when the answer started, and mirrors the response into a fixed-size tail
+buffer, so usage can be read once at the end.
 
 The bytes themselves are handed to granian untouched. The tap keeps the tail buffer, never the stream
 transport: granian ends a response when its transport object is freed, and the forwarder relies on that.
@@ -8,6 +9,7 @@ I/O: none of its own.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gateway.native import TailBuffer, Usage, parse_usage
@@ -18,12 +20,13 @@ TAIL_BYTES = 4096
 
 
 class ResponseTap:
-    __slots__ = ("_proto", "extra_headers", "status", "tail", "whole")
+    __slots__ = ("_proto", "extra_headers", "started", "status", "tail", "whole")
 
     def __init__(self, proto: Any, extra_headers: list[tuple[str, str]]) -> None:
         self._proto = proto
         self.extra_headers = extra_headers
         self.status = 0
+        self.started: float | None = None  # perf_counter when the answer started
         self.whole: bytes | None = None
         self.tail: TailBuffer | None = None
 
@@ -37,11 +40,13 @@ class ResponseTap:
         return self._proto.client_disconnect()
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.started = time.perf_counter()
         self.status = status
         self.whole = body
         self._proto.response_bytes(status, headers + self.extra_headers, body)
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _TapTransport:
+        self.started = time.perf_counter()
         self.status = status
         self.tail = TailBuffer(TAIL_BYTES)
         return _TapTransport(self._proto.response_stream(status, headers + self.extra_headers), self.tail)

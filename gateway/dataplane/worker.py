@@ -5,7 +5,8 @@ spreads connections and a dead worker takes only its own connections with it. We
 server rather than its multi-process one because our supervisor must own the fork: it creates the shared
 memory first, decides restarts and backoff, and orders the drain (proxies before the control worker).
 SIGTERM stops accepting and returns once in-flight requests and streams have finished; the supervisor's
-grace period bounds that. I/O: the listening socket.
+grace period bounds that, and what is left of it lets usage records still waiting for ring space get in.
+I/O: the listening socket.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
 from gateway.config import Settings
+from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.app import ProxyApp
+from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import Limiter
-from gateway.native import BucketTable
+from gateway.dataplane.usage_log import UsageLog
+from gateway.native import BucketTable, UsageRing
+from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 
 __all__ = ["run_proxy_worker"]
@@ -28,15 +34,16 @@ __all__ = ["run_proxy_worker"]
 log = logging.getLogger("gateway.dataplane")
 
 
-def run_proxy_worker(
-    settings: Settings, snapshot_buf: memoryview, bucket_buf: memoryview, hash_key: bytes
-) -> int:
-    app = ProxyApp(settings, hash_key, SnapshotReader(snapshot_buf), Limiter(BucketTable(bucket_buf)))
-    asyncio.run(_serve(settings, app))
+def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash_key: bytes) -> int:
+    table = BucketTable(shared.buckets)
+    usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
+    accounting = Accounting(Limiter(table), BudgetGuard(table, shared.epoch), usage)
+    app = ProxyApp(settings, hash_key, SnapshotReader(shared.snapshot), accounting)
+    asyncio.run(_serve(settings, app, usage))
     return 0
 
 
-async def _serve(settings: Settings, app: ProxyApp) -> None:
+async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> None:
     server = Server(
         app,
         address=settings.host,
@@ -46,11 +53,16 @@ async def _serve(settings: Settings, app: ProxyApp) -> None:
         backlog=2048,
         log_enabled=False,
     )
+    stopping_since: list[float] = []
 
     def stop() -> None:
         app.draining = True
+        stopping_since.append(time.monotonic())
         server.stop()  # type: ignore[no-untyped-call]
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop)
     await server.serve()
+    if usage is not None and usage.backlog:
+        spent = time.monotonic() - stopping_since[0] if stopping_since else 0.0
+        await usage.drain(max(1.0, settings.grace_period - spent - 1.0))

@@ -1,6 +1,11 @@
 """Just enough of an OpenAI-style request to route it: the model name, the stream flag, and where the
 model's value sits in the raw bytes so an alias can be spliced in without re-encoding anything else.
 
+Two edits are ever made to a body, each a splice that leaves every other byte as the client sent it: the
+model's value (an alias or a provider's own name), and ``"stream_options":{"include_usage":true}`` put
+first in a streamed completion request that has no ``stream_options`` at all, so that the engine reports
+the usage the gateway accounts for (see docs/architecture.md, "Usage of streams").
+
 Sans-I/O: bytes in, values out. JSON bodies are validated by a full parse (orjson); multipart bodies
 (audio uploads) are scanned for the ``model`` field only.
 """
@@ -15,13 +20,14 @@ import orjson
 
 from gateway.errors import BadRequest
 
-__all__ = ["RequestInfo", "inspect_json", "inspect_multipart", "splice_model"]
+__all__ = ["RequestInfo", "inject_stream_usage", "inspect_json", "inspect_multipart", "splice_model"]
 
 # A JSON string token, or one structural bracket. Everything else between them is skipped by the regex
 # engine, so the cost grows with the number of strings, not with the number of bytes.
 _JSON_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
 _JSON_STRING = re.compile(rb'\s*:\s*("(?:[^"\\]|\\.)*")')
 _MODEL_KEY = b'"model"'
+_INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +36,11 @@ class RequestInfo:
     stream: bool
     include_usage: bool
     max_tokens: int | None
-    # Byte span of the model's value in the body: the whole JSON string token (quotes included), or the
-    # raw field value in a multipart body. None when it could not be located (then the body is rebuilt).
+    # Byte span of the model's value in a multipart body. JSON bodies leave it None: the span is only
+    # looked for when a splice needs it (most requests call a backend by the name the client used).
     model_span: tuple[int, int] | None
     multipart: bool = False
+    stream_options: bool = False  # the body has a stream_options member, whatever its value
 
 
 def inspect_json(body: bytes) -> RequestInfo:
@@ -56,7 +63,14 @@ def inspect_json(body: bytes) -> RequestInfo:
     max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise BadRequest("max_tokens must be an integer", param="max_tokens")
-    return RequestInfo(model, stream, include_usage, max_tokens, _find_model_span(body))
+    return RequestInfo(model, stream, include_usage, max_tokens, None, False, "stream_options" in doc)
+
+
+def inject_stream_usage(body: bytes) -> bytes:
+    """The body with ``"stream_options":{"include_usage":true}`` as its first member. Only for a JSON
+    object without ``stream_options`` (``inspect_json`` says so): the key cannot end up duplicated."""
+    start = body.index(b"{") + 1  # inspect_json parsed an object, so its first non-space byte is "{"
+    return body[:start] + _INCLUDE_USAGE + body[start:]
 
 
 def _find_model_span(body: bytes) -> tuple[int, int] | None:
@@ -116,10 +130,11 @@ def _boundary(content_type: str) -> bytes:
 
 def splice_model(body: bytes, info: RequestInfo, upstream_model: str) -> bytes:
     """The body with only the model value replaced; every other byte stays as the client sent it."""
-    if info.model_span is None:
+    span = info.model_span if info.multipart else _find_model_span(body)
+    if span is None:
         doc = orjson.loads(body)
         doc["model"] = upstream_model
         return orjson.dumps(doc)
-    start, end = info.model_span
+    start, end = span
     value = upstream_model.encode() if info.multipart else orjson.dumps(upstream_model)
     return body[:start] + value + body[end:]

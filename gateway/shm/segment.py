@@ -8,9 +8,11 @@ I/O: shmget/shmat/shmctl system calls only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sysv_ipc
 
-__all__ = ["Segment"]
+__all__ = ["Segment", "SharedRegions"]
 
 
 class Segment:
@@ -41,3 +43,14 @@ class Segment:
             self._shm.detach()
         except sysv_ipc.Error:
             pass
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRegions:
+    """What the supervisor hands every forked worker: its three segments' buffers, and the epoch that
+    names this set of segments' lifetime (budget keys include it)."""
+
+    snapshot: memoryview  # the published snapshot slots
+    buckets: memoryview  # rate buckets, concurrency gauges and budget spend
+    usage: memoryview  # one usage-record ring per proxy worker
+    epoch: str

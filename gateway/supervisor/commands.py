@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -17,14 +18,16 @@ import orjson
 
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
-from gateway.native import BucketTable, region_size
-from gateway.shm.segment import Segment
+from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
 from gateway.supervisor.process import Supervisor, WorkerSpec
 
 __all__ = ["register"]
 
 log = logging.getLogger("gateway.supervisor")
+
+RING_SLOT_BYTES = 1024  # a usage record is a few hundred bytes; names are at most 200 characters
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -40,6 +43,20 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
+    p.add_argument(
+        "--no-usage-records",
+        dest="usage_records",
+        action="store_const",
+        const=False,
+        help="do not record usage per request (also GATEWAY_USAGE_RECORDS=0); budgets still apply",
+    )
+    p.add_argument(
+        "--no-inject-stream-usage",
+        dest="inject_stream_usage",
+        action="store_const",
+        const=False,
+        help="never add stream_options.include_usage to streamed requests (their usage is then estimated)",
+    )
     p.set_defaults(handler=run_serve)
 
     s = sub.add_parser("status", help="show this host's supervisor, workers and snapshot")
@@ -79,7 +96,14 @@ def run_serve(args: argparse.Namespace) -> int:
     segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
     buckets = Segment.create(region_size(settings.bucket_capacity))
     BucketTable.create_layout(buckets.buf, settings.bucket_capacity).close()
-    specs = _worker_specs(settings, segment, buckets, hash_key)
+    workers = max(1, settings.workers)
+    rings = Segment.create(ring_region_size(workers, settings.usage_ring_slots, RING_SLOT_BYTES))
+    UsageRing.create_layout(rings.buf, workers, settings.usage_ring_slots, RING_SLOT_BYTES).close()
+    # Names this bucket table's lifetime in budget keys: spend counted live by an earlier table (before a
+    # restart) or by another host is then never mistaken for this one's.
+    epoch = secrets.token_hex(8)
+    shared = SharedRegions(segment.buf, buckets.buf, rings.buf, epoch)
+    specs = _worker_specs(settings, shared, hash_key)
     sup = Supervisor(
         specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json"
     )
@@ -87,6 +111,8 @@ def run_serve(args: argparse.Namespace) -> int:
     sup.extra_state = {
         "snapshot_segment": segment.id,
         "bucket_segment": buckets.id,
+        "usage_segment": rings.id,
+        "epoch": epoch,
         "port": settings.port,
         "host": settings.host,
     }
@@ -106,21 +132,21 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         segment.close()
         buckets.close()
+        rings.close()
 
 
-def _worker_specs(
-    settings: Settings, segment: Segment, buckets: Segment, hash_key: bytes
-) -> list[WorkerSpec]:
+def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:
     from gateway.controlplane.worker import run_control_worker
     from gateway.dataplane.worker import run_proxy_worker
 
-    specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, segment.buf))]
+    specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, shared))]
     for i in range(max(1, settings.workers)):
         specs.append(
             WorkerSpec(
                 f"proxy-{i + 1}",
                 "proxy",
-                lambda: run_proxy_worker(settings, segment.buf, buckets.buf, hash_key),
+                # i is bound now: each worker owns usage ring i, and a respawned one continues it.
+                lambda i=i: run_proxy_worker(settings, shared, i, hash_key),  # type: ignore[misc]
             )
         )
     return specs

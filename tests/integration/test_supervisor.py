@@ -169,6 +169,7 @@ def test_sigterm_lets_a_stream_finish_then_exits_zero(tmp_path, engine: MockEngi
             "messages": [{"role": "user", "content": "q"}],
             "max_tokens": 20,
             "stream": True,
+            "stream_options": {"include_usage": True},  # what the gateway asks for on the client's behalf
         },
     ).content
     assert body.count(b"data: ") == direct.count(b"data: ")

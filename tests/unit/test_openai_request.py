@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from gateway.errors import BadRequest
-from gateway.protocol.openai_request import inspect_json, inspect_multipart, splice_model
+from gateway.protocol.openai_request import inject_stream_usage, inspect_json, inspect_multipart, splice_model
 
 ODD = (
     b'{ "messages" : [ {"role":"user","content":"say \\"model\\": \\"x\\"", "model": "inner"} ],\n'
@@ -74,8 +74,28 @@ def test_splice_last_duplicate_key() -> None:
 def test_splice_escaped_key_falls_back_to_reencoding() -> None:
     body = b'{"mod\\u0065l":"a","x":1}'
     info = inspect_json(body)
-    assert info.model == "a" and info.model_span is None
+    assert info.model == "a"
     assert orjson.loads(splice_model(body, info, "b")) == {"model": "b", "x": 1}
+
+
+def test_inject_stream_usage_only_adds_one_member() -> None:
+    body = b' \n{ "model" : "a", "stream": true, "messages": [{"role":"user","content":"{x}"}]}'
+    info = inspect_json(body)
+    assert info.stream and not info.include_usage and not info.stream_options
+    out = inject_stream_usage(body)
+    assert out == body.replace(b"{", b'{"stream_options":{"include_usage":true},', 1)
+    doc = orjson.loads(out)
+    assert doc["stream_options"] == {"include_usage": True}
+    assert doc["messages"][0]["content"] == "{x}"
+    after = inspect_json(out)
+    assert after.include_usage and after.stream_options and after.model == "a"
+    assert orjson.loads(splice_model(out, after, "b"))["model"] == "b"
+
+
+def test_stream_options_presence_is_reported_whatever_its_value() -> None:
+    for opts in (b"{}", b'{"include_usage":false}', b"null"):
+        info = inspect_json(b'{"model":"a","stream":true,"stream_options":' + opts + b"}")
+        assert info.stream_options and not info.include_usage
 
 
 BOUNDARY = "----gwtest42"

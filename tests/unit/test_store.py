@@ -161,7 +161,7 @@ def test_explicit_sqlite_url(tmp_path: Path) -> None:
     assert path.is_file()
 
 
-def test_store_at_migration_1_migrates_to_2_keeping_rows(settings: Settings) -> None:
+def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Settings) -> None:
     settings.sqlite_path.parent.mkdir(parents=True)
     driver = SqliteDriver(settings.sqlite_path)
     try:
@@ -179,7 +179,13 @@ def test_store_at_migration_1_migrates_to_2_keeping_rows(settings: Settings) -> 
     with open_store(settings) as store:
         assert store.revision() == 7
         (old,) = store.principals()
-        assert (old.name, old.active_keys, old.limits, old.model_limits) == ("old", 1, None, ())
+        assert (old.name, old.active_keys, old.limits, old.model_limits, old.budget) == (
+            "old",
+            1,
+            None,
+            (),
+            None,
+        )
         (key,) = store.list_keys()
         assert (key.name, key.limits) == ("old-key", None)
         # The new schema is usable at once: limits round-trip through apply.
@@ -187,7 +193,7 @@ def test_store_at_migration_1_migrates_to_2_keeping_rows(settings: Settings) -> 
         assert store.config_doc().principals[0].limits == LimitsSpec(100, 20000)
     with _raw(settings) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
-    assert versions == [1, 2]
+    assert versions == [m.version for m in available_migrations()]
 
 
 @pytest.mark.parametrize(

@@ -29,10 +29,12 @@ from typing import Any
 from gateway.controlplane.configfile import (
     LIMIT_FIELDS,
     BackendSpec,
+    BudgetSpec,
     ConfigDoc,
     KeySpec,
     LimitsSpec,
     ModelSpec,
+    PriceSpec,
     PrincipalSpec,
     ProviderBackend,
     ProviderModelSpec,
@@ -42,6 +44,7 @@ from gateway.controlplane.configfile import (
 )
 from gateway.controlplane.store._driver import Driver, Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.controlplane.store._usage import UsageStore
 from gateway.errors import ConfigError
 from gateway.keys import generate_secret, hash_secret
 
@@ -82,6 +85,7 @@ class PrincipalInfo:
     active_keys: int  # keys neither revoked nor expired
     limits: LimitsSpec | None = None
     model_limits: tuple[tuple[str, LimitsSpec], ...] = ()  # ordered by model name
+    budget: BudgetSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +107,13 @@ class StoreState:
     principal_model_limits: Sequence[Row]  # (principal_id, model, *limits)
     # (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, *limits)
     keys: Sequence[Row]
+    prices: Sequence[Row] = ()  # (name, input, output, cached_input) of priced models and provider models
+    budgets: Sequence[Row] = ()  # (principal_id, period, tokens, cost) of principals with a budget
 
 
 _LIMIT_COLUMNS = "limit_rpm, limit_tpm, limit_concurrency"
+_PRICE_COLUMNS = "price_input, price_output, price_cached_input"
+_BUDGET_COLUMNS = "budget_period, budget_tokens, budget_cost"
 _KEY_COLUMNS = (
     f"id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, {_LIMIT_COLUMNS}"
 )
@@ -130,6 +138,33 @@ def _limits_from(values: Sequence[Any]) -> LimitsSpec | None:
     return None if spec.is_empty() else spec
 
 
+def _price_params(spec: PriceSpec | None) -> tuple[Param, Param, Param]:
+    if spec is None:
+        return None, None, None
+    return spec.input, spec.output, spec.cached_input
+
+
+def _price_from(values: Sequence[Any]) -> PriceSpec | None:
+    if values[0] is None or values[1] is None:
+        return None
+    return PriceSpec(float(values[0]), float(values[1]), None if values[2] is None else float(values[2]))
+
+
+def _budget_params(spec: BudgetSpec | None) -> tuple[Param, Param, Param]:
+    if spec is None:
+        return None, None, None
+    return spec.period, spec.tokens, spec.cost
+
+
+def _budget_from(values: Sequence[Any]) -> BudgetSpec | None:
+    period, tokens, cost = values
+    if period is None or (tokens is None and cost is None):
+        return None
+    return BudgetSpec(
+        str(period), None if tokens is None else int(tokens), None if cost is None else float(cost)
+    )
+
+
 def _bump_revision(tx: Transaction) -> int:
     tx.execute("UPDATE config_revision SET revision = revision + 1 WHERE id = 1")
     return int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
@@ -146,6 +181,7 @@ class Store:
 
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
+        self.usage = UsageStore(driver)
 
     def __enter__(self) -> Store:
         return self
@@ -206,6 +242,11 @@ class Store:
             self._apply_backends(tx, cfg.backends, backend_keys)
             self._replace_names(tx, "provider_models", [m.name for m in cfg.provider_models])
             tx.executemany(
+                "UPDATE provider_models SET price_input = ?, price_output = ?, price_cached_input = ? "
+                "WHERE name = ?",
+                [(*_price_params(m.price), m.name) for m in cfg.provider_models],
+            )
+            tx.executemany(
                 "INSERT INTO provider_model_backends (provider_model, seq, backend, upstream_model) "
                 "VALUES (?, ?, ?, ?)",
                 [
@@ -215,6 +256,10 @@ class Store:
                 ],
             )
             self._replace_names(tx, "models", [m.name for m in cfg.models])
+            tx.executemany(
+                "UPDATE models SET price_input = ?, price_output = ?, price_cached_input = ? WHERE name = ?",
+                [(*_price_params(m.price), m.name) for m in cfg.models],
+            )
             tx.executemany(
                 "INSERT INTO model_chain (model, seq, provider_model) VALUES (?, ?, ?)",
                 [(m.name, i, pm) for m in cfg.models for i, pm in enumerate(m.chain)],
@@ -295,8 +340,9 @@ class Store:
         tx.executemany("INSERT INTO principals (id, name) VALUES (?, ?)", new)
         ids.update((name, pid) for pid, name in new)
         tx.executemany(
-            "UPDATE principals SET limit_rpm = ?, limit_tpm = ?, limit_concurrency = ? WHERE id = ?",
-            [(*_limit_params(p.limits), ids[p.name]) for p in principals],
+            "UPDATE principals SET limit_rpm = ?, limit_tpm = ?, limit_concurrency = ?, budget_period = ?, "
+            "budget_tokens = ?, budget_cost = ? WHERE id = ?",
+            [(*_limit_params(p.limits), *_budget_params(p.budget), ids[p.name]) for p in principals],
         )
         return ids
 
@@ -440,7 +486,9 @@ class Store:
     def principals(self) -> list[PrincipalInfo]:
         now = time.time()
         with self._driver.transaction(write=False) as tx:
-            principals = tx.query(f"SELECT id, name, {_LIMIT_COLUMNS} FROM principals ORDER BY name")
+            principals = tx.query(
+                f"SELECT id, name, {_LIMIT_COLUMNS}, {_BUDGET_COLUMNS} FROM principals ORDER BY name"
+            )
             roles = tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role")
             model_limits = tx.query(
                 f"SELECT principal_id, model, {_LIMIT_COLUMNS} FROM principal_model_limits ORDER BY model"
@@ -463,6 +511,7 @@ class Store:
                 active.get(row[0], 0),
                 _limits_from(row[2:5]),
                 models_of.get(row[0], ()),
+                _budget_from(row[5:8]),
             )
             for row in principals
         ]
@@ -501,6 +550,15 @@ class Store:
                     "ORDER BY principal_id, model"
                 ),
                 keys=tx.query(key_sql),
+                prices=tx.query(
+                    f"SELECT name, {_PRICE_COLUMNS} FROM models WHERE price_input IS NOT NULL "
+                    f"UNION ALL SELECT name, {_PRICE_COLUMNS} FROM provider_models "
+                    "WHERE price_input IS NOT NULL ORDER BY 1"
+                ),
+                budgets=tx.query(
+                    f"SELECT id, {_BUDGET_COLUMNS} FROM principals "
+                    "WHERE budget_period IS NOT NULL ORDER BY id"
+                ),
             )
 
     def config_doc(self) -> ConfigDoc:
@@ -527,6 +585,8 @@ class Store:
             roles_of.setdefault(pid, []).append(role)
         principal_names = {row[0]: row[1] for row in st.principals}
         model_limits = _model_limits_by_principal(st.principal_model_limits)
+        prices = {row[0]: _price_from(row[1:4]) for row in st.prices}
+        budgets = {row[0]: _budget_from(row[1:4]) for row in st.budgets}
         return ConfigDoc(
             backends=tuple(
                 BackendSpec(
@@ -542,10 +602,11 @@ class Store:
                 for name, url, protocol, api_key, env_name, ct, fb, rt in st.backends
             ),
             provider_models=tuple(
-                ProviderModelSpec(n, tuple(pm_backends.get(n, ()))) for n in st.provider_models
+                ProviderModelSpec(n, tuple(pm_backends.get(n, ())), prices.get(n)) for n in st.provider_models
             ),
             models=tuple(
-                ModelSpec(n, tuple(chains.get(n, ())), tuple(aliases.get(n, ()))) for n in st.models
+                ModelSpec(n, tuple(chains.get(n, ())), tuple(aliases.get(n, ())), prices.get(n))
+                for n in st.models
             ),
             roles=tuple(RoleSpec(n, tuple(perms.get(n, ()))) for n in st.roles),
             principals=tuple(
@@ -554,6 +615,7 @@ class Store:
                     tuple(roles_of.get(row[0], ())),
                     _limits_from(row[2:5]),
                     model_limits.get(row[0], ()),
+                    budgets.get(row[0]),
                 )
                 for row in st.principals
             ),

@@ -1,0 +1,120 @@
+"""Usage records in the store: idempotent batch inserts, spend per budget window, and summaries.
+
+Records arrive in batches from the control worker, which reads them out of the proxy workers' rings. A
+batch may be replayed after a crash (the ring's tail only moves once the batch is committed), so insert
+skips request ids already present and reports which records were new. All SQL is portable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.controlplane.store._driver import Driver
+from gateway.usage_record import UsageRecord, to_unsigned64
+
+__all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
+
+_COLUMNS = (
+    "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
+    "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key"
+)
+_INSERT = f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 16)})"
+_CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
+
+
+@dataclass(frozen=True, slots=True)
+class SpendRow:
+    """Tokens and cost one principal spent in a window, split by the live counter that also holds it."""
+
+    principal_id: str
+    budget_key: int | None  # unsigned 64-bit, as the bucket table names it
+    tokens: int
+    cost_nanos: int
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSummaryRow:
+    group: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost_nanos: int
+    errors: int  # requests whose status was not 2xx
+
+
+class UsageStore:
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
+    def insert(self, records: Sequence[UsageRecord]) -> list[UsageRecord]:
+        """Write the records not stored yet, in one transaction; returns those that were new."""
+        if not records:
+            return []
+        with self._driver.transaction(write=True) as tx:
+            seen: set[str] = set()
+            ids = list({r.request_id for r in records})
+            for i in range(0, len(ids), _CHUNK):
+                chunk = ids[i : i + _CHUNK]
+                marks = ", ".join(["?"] * len(chunk))
+                rows = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
+                seen.update(row[0] for row in rows)
+            new: list[UsageRecord] = []
+            for record in records:
+                if record.request_id not in seen:
+                    seen.add(record.request_id)
+                    new.append(record)
+            tx.executemany(_INSERT, [r.row() for r in new])
+        return new
+
+    def count(self) -> int:
+        with self._driver.transaction(write=False) as tx:
+            return int(tx.query("SELECT COUNT(*) FROM usage_records")[0][0])
+
+    def spend(self, start: float, end: float, principal_ids: Sequence[str] | None = None) -> list[SpendRow]:
+        """Tokens and cost per principal and live counter for records that ended in [start, end)."""
+        sql = (
+            "SELECT principal_id, budget_key, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
+            "WHERE ts >= ? AND ts < ?"
+        )
+        params: list[str | float] = [start, end]
+        if principal_ids is not None:
+            if not principal_ids:
+                return []
+            sql += f" AND principal_id IN ({', '.join(['?'] * len(principal_ids))})"
+            params += principal_ids
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(sql + " GROUP BY principal_id, budget_key", params)
+        return [SpendRow(r[0], to_unsigned64(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in rows]
+
+    def summary(self, start: float, end: float, by: str) -> list[UsageSummaryRow]:
+        """Totals for records that ended in [start, end), grouped by principal name, key or model."""
+        group = {
+            "principal": "COALESCE(p.name, u.principal_id)",
+            "key": "u.key_id",
+            "model": "u.model",
+            "backend": "COALESCE(u.backend, '-')",
+        }.get(by)
+        if group is None:
+            raise ValueError(f"cannot group usage by {by!r}")
+        sql = (
+            f"SELECT {group}, COUNT(*), SUM(u.prompt_tokens), SUM(u.completion_tokens), SUM(u.total_tokens), "
+            "SUM(u.cost_nanos), SUM(CASE WHEN u.status >= 200 AND u.status < 300 THEN 0 ELSE 1 END) "
+            "FROM usage_records u LEFT JOIN principals p ON p.id = u.principal_id "
+            f"WHERE u.ts >= ? AND u.ts < ? GROUP BY {group} ORDER BY {group}"
+        )
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(sql, (start, end))
+        return [UsageSummaryRow(str(r[0]), *(int(v or 0) for v in r[1:7])) for r in rows]
+
+    def records(self, *, limit: int = 100, principal_id: str | None = None) -> list[UsageRecord]:
+        """The most recent records, newest first."""
+        sql = f"SELECT {_COLUMNS} FROM usage_records"
+        params: list[str | int] = []
+        if principal_id is not None:
+            sql += " WHERE principal_id = ?"
+            params.append(principal_id)
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(sql + " ORDER BY ts DESC, request_id LIMIT ?", [*params, limit])
+        return [UsageRecord(*[*r[:15], to_unsigned64(r[15])]) for r in rows]

@@ -1,0 +1,149 @@
+"""CLI subcommands for usage and spend: ``gateway usage`` and ``gateway budgets``.
+
+Both read the store, where the control worker writes usage records within a fraction of a second of a
+request ending (``usage_drain_interval``). ``--json`` prints one JSON document for scripts.
+I/O: the store; stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from gateway.budget import NANOS, format_money, period_window
+from gateway.cli import settings_from_args
+from gateway.controlplane.commands import finish_command, print_table, utc_time
+from gateway.controlplane.configfile import parse_timestamp
+from gateway.controlplane.store import open_store
+from gateway.errors import ConfigError
+
+__all__ = ["register", "since_arg"]
+
+_AGO = re.compile(r"^([1-9][0-9]*)([smhd])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("usage", help="summarise usage records: requests, tokens and cost per group")
+    p.add_argument("--since", default="24h", help="start: a duration ago (30m, 24h, 7d) or a timestamp (24h)")
+    p.add_argument("--until", help="end: a duration ago or a timestamp (now)")
+    p.add_argument("--by", choices=["principal", "model", "key", "backend"], default="principal")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    finish_command(p, _cmd_usage)
+
+    p = sub.add_parser("budgets", help="show each budget's spend in its current period")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    finish_command(p, _cmd_budgets)
+
+
+def since_arg(raw: str, now: float) -> float:
+    """Unix seconds from ``30m``/``24h``/``7d`` (that long ago) or an RFC 3339 timestamp / unix seconds."""
+    if m := _AGO.match(raw):
+        return now - int(m.group(1)) * _SECONDS[m.group(2)]
+    value: str | float = raw
+    try:
+        value = float(raw)
+    except ValueError:
+        pass
+    try:
+        return parse_timestamp(value)
+    except ValueError as exc:
+        raise ConfigError(f"{raw!r}: {exc} (or a duration such as 24h)") from None
+
+
+def _cmd_usage(args: argparse.Namespace) -> int:
+    now = time.time()
+    start = since_arg(args.since, now)
+    end = since_arg(args.until, now) if args.until else now + 1
+    with open_store(settings_from_args(args)) as store:
+        rows = store.usage.summary(start, end, args.by)
+    if args.json:
+        doc = {
+            "since": start,
+            "until": end,
+            "by": args.by,
+            "groups": [
+                {
+                    "group": r.group,
+                    "requests": r.requests,
+                    "errors": r.errors,
+                    "prompt_tokens": r.prompt_tokens,
+                    "completion_tokens": r.completion_tokens,
+                    "total_tokens": r.total_tokens,
+                    "cost": r.cost_nanos / NANOS,
+                }
+                for r in rows
+            ],
+        }
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print_table(
+        (args.by.upper(), "REQUESTS", "ERRORS", "PROMPT", "COMPLETION", "TOTAL", "COST"),
+        [
+            (
+                r.group,
+                str(r.requests),
+                str(r.errors),
+                str(r.prompt_tokens),
+                str(r.completion_tokens),
+                str(r.total_tokens),
+                format_money(r.cost_nanos),
+            )
+            for r in rows
+        ],
+    )
+    return 0
+
+
+def _cmd_budgets(args: argparse.Namespace) -> int:
+    now = time.time()
+    out: list[dict[str, Any]] = []
+    with open_store(settings_from_args(args)) as store:
+        for p in store.principals():
+            if p.budget is None:
+                continue
+            start, end = period_window(p.budget.period, now)
+            spent = store.usage.spend(start, end, [p.id])
+            tokens = sum(r.tokens for r in spent)
+            cost = sum(r.cost_nanos for r in spent)
+            exceeded = (p.budget.tokens is not None and tokens >= p.budget.tokens) or (
+                p.budget.cost is not None and cost >= round(p.budget.cost * NANOS)
+            )
+            out.append(
+                {
+                    "principal": p.name,
+                    "period": p.budget.period,
+                    "window_start": start,
+                    "window_end": end,
+                    "tokens": tokens,
+                    "tokens_limit": p.budget.tokens,
+                    "cost": cost / NANOS,
+                    "cost_limit": p.budget.cost,
+                    "exceeded": exceeded,
+                }
+            )
+    if args.json:
+        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print_table(
+        ("PRINCIPAL", "PERIOD", "RESETS", "TOKENS", "TOKEN_LIMIT", "COST", "COST_LIMIT", "STATUS"),
+        [
+            (
+                b["principal"],
+                b["period"],
+                utc_time(b["window_end"]),
+                str(b["tokens"]),
+                "-" if b["tokens_limit"] is None else str(b["tokens_limit"]),
+                format_money(round(b["cost"] * NANOS)),
+                "-" if b["cost_limit"] is None else format_money(round(b["cost_limit"] * NANOS)),
+                "exceeded" if b["exceeded"] else "ok",
+            )
+            for b in out
+        ],
+    )
+    return 0

@@ -1,0 +1,145 @@
+"""The control worker's end of the usage pipeline: drain the proxy workers' rings into the store, and
+keep each budget's *base* spend in shared memory.
+
+Draining reads a batch from every ring without consuming it, writes the decoded records in one
+transaction (a request id already stored is skipped), and only then advances each ring's tail. A crash in
+between replays the batch, which inserts nothing twice: every record is written exactly once, and a
+control-worker restart loses none (the rings live in the supervisor's segment).
+
+A budget's spend in the current window is ``live + base`` (see ``gateway.dataplane.budgets``). Workers add
+every request they charge to the live counter named by the window's key; the record carries that key. So
+the base is exactly the window's stored spend *not* carried by that key: records from before this bucket
+table existed, from other hosts, or from workers that had no budget for the principal yet. It is
+recomputed from the store at start, when budgets change, when a window rolls over, and every
+``refresh_interval`` seconds (which picks up other hosts); in between, each newly stored record that the
+live counter does not hold is added to the base as it is drained. Recomputing only ever happens between
+drains, in this one task, so no record is counted twice or missed.
+I/O: the store; the shared usage rings and bucket table.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.budget import Budget, window_key
+from gateway.controlplane.store import Store
+from gateway.native import BucketTable, UsageRing
+from gateway.usage_record import UsageRecord, decode_record
+
+__all__ = ["UsageSink"]
+
+log = logging.getLogger("gateway.controlplane")
+
+BATCH_PER_RING = 2048
+
+
+@dataclass(slots=True)
+class _Base:
+    key: int
+    start: float
+    end: float
+    tokens: int
+    cost: int
+
+
+class UsageSink:
+    def __init__(
+        self, store: Store, ring: UsageRing, table: BucketTable, epoch: str, *, refresh_interval: float = 30.0
+    ) -> None:
+        self.store = store
+        self.ring = ring
+        self.table = table
+        self.epoch = epoch
+        self.refresh_interval = refresh_interval
+        self.budgets: dict[str, Budget] = {}
+        self.bases: dict[str, _Base] = {}
+        self.malformed = 0
+        self.written = 0
+        self._refreshed_at = 0.0
+
+    # -- draining -------------------------------------------------------------------------------------
+    def drain(self) -> int:
+        """Move one batch from every ring into the store; returns how many ring entries were consumed.
+        Raises StoreError (the rings are then left as they were, to be drained again)."""
+        ring = self.ring
+        taken: list[tuple[int, int]] = []
+        records: list[UsageRecord] = []
+        for index in range(ring.rings):
+            raw = ring.read(index, BATCH_PER_RING)
+            if not raw:
+                continue
+            taken.append((index, len(raw)))
+            for data in raw:
+                try:
+                    records.append(decode_record(data))
+                except ValueError as exc:
+                    self.malformed += 1
+                    log.error("dropping an unreadable usage record from ring %d: %s", index, exc)
+        if not taken:
+            return 0
+        new = self.store.usage.insert(records)
+        for index, n in taken:
+            ring.advance(index, n)
+        self.written += len(new)
+        self._fold(new)
+        return sum(n for _, n in taken)
+
+    def pending(self) -> int:
+        return sum(self.ring.pending(i) for i in range(self.ring.rings))
+
+    # -- budgets --------------------------------------------------------------------------------------
+    def set_budgets(self, principals: dict[str, Any], now: float | None = None) -> None:
+        """Take the budgets of a newly published snapshot document's principals, and recompute."""
+        budgets = {}
+        for pid, doc in principals.items():
+            budget = Budget.from_doc(pid, doc.get("budget"))
+            if budget is not None:
+                budgets[pid] = budget
+        self.budgets = budgets
+        self.recompute(now)
+
+    def tick(self, now: float | None = None) -> None:
+        """Recompute when a window rolled over or the refresh interval passed."""
+        now = time.time() if now is None else now
+        rolled = any(not base.start <= now < base.end for base in self.bases.values())
+        if rolled or now - self._refreshed_at >= self.refresh_interval:
+            self.recompute(now)
+
+    def recompute(self, now: float | None = None) -> None:
+        """Set every budget's base from the store. Call between drains only."""
+        now = time.time() if now is None else now
+        by_window: dict[tuple[float, float], list[str]] = {}
+        for pid, budget in self.budgets.items():
+            by_window.setdefault(budget.window(now), []).append(pid)
+        bases: dict[str, _Base] = {}
+        for (start, end), pids in by_window.items():
+            for pid in pids:
+                key = window_key(self.epoch, pid, self.budgets[pid].period, start)
+                bases[pid] = _Base(key, start, end, 0, 0)
+            for row in self.store.usage.spend(start, end, pids):
+                base = bases[row.principal_id]
+                if row.budget_key != base.key:
+                    base.tokens += row.tokens
+                    base.cost += row.cost_nanos
+        for base in bases.values():
+            self.table.spend_set_base(base.key, base.tokens, base.cost)
+        self.bases = bases
+        self._refreshed_at = now
+
+    def _fold(self, records: list[UsageRecord]) -> None:
+        """Add newly stored records that the live counter does not hold to their budget's base."""
+        changed: set[str] = set()
+        for r in records:
+            base = self.bases.get(r.principal_id)
+            if base is None or r.budget_key == base.key or not base.start <= r.ts < base.end:
+                continue
+            if r.total_tokens or r.cost_nanos:
+                base.tokens += r.total_tokens
+                base.cost += r.cost_nanos
+                changed.add(r.principal_id)
+        for pid in changed:
+            base = self.bases[pid]
+            self.table.spend_set_base(base.key, base.tokens, base.cost)

@@ -1,0 +1,108 @@
+"""Everything the request path does around a forwarded request for limits, budgets and usage.
+
+``admit`` runs after authorisation and model resolution, before anything is sent upstream: the budget
+check (402), the rate limits (429), and a request id. ``finish`` runs once the answer has ended, however it
+ended: it reads the usage from the response's tail, settles the token reservation, adds the spend to the
+principal's budget, and pushes one usage record to the control worker. I/O: none (shared memory only).
+
+Tokens counted for a request: what the engine reported; for a successful answer without usage (a stream
+whose client opted out of usage, a cut stream) the estimate reserved before dispatch; for an error
+answer nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.limits import BYTES_PER_TOKEN, Limiter, Ticket
+from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.usage_log import UsageLog
+from gateway.snapshot import KeyEntry, Route
+from gateway.usage_record import encode_fields
+
+__all__ = ["Accounting", "Exchange"]
+
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
+
+
+@dataclass(slots=True)
+class Exchange:
+    key: KeyEntry
+    model: str
+    route: Route
+    estimate: int  # tokens reserved: prompt estimate + completion budget
+    prompt_estimate: int
+    ticket: Ticket | None
+    request_id: str
+    started: float  # perf_counter
+    headers: list[tuple[str, str]]
+
+
+class Accounting:
+    def __init__(self, limiter: Limiter | None, budgets: BudgetGuard | None, usage: UsageLog | None) -> None:
+        self.limiter = limiter
+        self.budgets = budgets
+        self.usage = usage
+
+    def admit(
+        self, key: KeyEntry, model: str, route: Route, body_len: int, max_tokens: int | None, default: int
+    ) -> Exchange | None:
+        """Check the budget and take the rate limits; None when nothing needs accounting."""
+        budget = key.principal.budget
+        if budget is not None and self.budgets is not None:
+            self.budgets.check(budget, time.time())
+        prompt = body_len // BYTES_PER_TOKEN
+        estimate = prompt + (max_tokens if max_tokens is not None else default)
+        ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
+        if ticket is None and self.usage is None and budget is None:
+            return None
+        request_id = self.usage.request_id() if self.usage is not None else ""
+        headers = ticket.headers if ticket is not None else []
+        if request_id:
+            headers = [("x-request-id", request_id), *headers]
+        return Exchange(key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers)
+
+    def finish(self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None) -> None:
+        ended = time.perf_counter()
+        usage = tap.usage()
+        if usage is not None:
+            prompt, completion = usage.prompt_tokens, usage.completion_tokens
+            cached, total, source = usage.cached_tokens, usage.total_tokens, "reported"
+        elif 200 <= status < 300:
+            prompt, completion, cached = ex.prompt_estimate, ex.estimate - ex.prompt_estimate, 0
+            total, source = ex.estimate, "estimated"
+        else:
+            prompt = completion = cached = total = 0
+            source = "none"
+        if ex.ticket is not None and self.limiter is not None:
+            self.limiter.finish(ex.ticket, None if source == "estimated" else total)
+        price = ex.route.price
+        cost = price.cost(prompt, completion, cached) if price is not None and total else 0
+        now = time.time()
+        budget_key = None
+        budget = ex.key.principal.budget
+        if budget is not None and self.budgets is not None:
+            budget_key = self.budgets.charge(budget, now, total, cost)
+        if self.usage is not None:
+            self.usage.push(
+                encode_fields(
+                    ex.request_id,
+                    now,
+                    ex.key.principal.id,
+                    ex.key.id,
+                    ex.model,
+                    backend,
+                    status,
+                    prompt,
+                    completion,
+                    cached,
+                    total,
+                    source,
+                    cost,
+                    round((ended - ex.started) * 1000, 3),
+                    None if tap.started is None else round((tap.started - ex.started) * 1000, 3),
+                    budget_key,
+                )
+            )

@@ -1,0 +1,247 @@
+"""Usage records and budgets end to end: every forwarded request becomes exactly one stored record, also
+across a control-worker crash; budgets refuse the request after the one that crossed them, also after the
+whole gateway restarts; a stream's usage is asked for when the client did not ask."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from gateway.config import Settings
+from gateway.controlplane.store import open_store
+from gateway.usage_record import UsageRecord
+from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
+
+BUDGETED = """
+[[principals]]
+name = "capped"
+roles = ["chatter"]
+budget = {{ {budget} }}
+"""
+
+
+def records(gw: Gateway) -> list[UsageRecord]:
+    with open_store(Settings(data_dir=gw.data_dir)) as store:
+        return store.usage.records(limit=100_000)
+
+
+def wait_for_records(gw: Gateway, n: int) -> list[UsageRecord]:
+    wait_until(lambda: len(records(gw)) >= n, timeout=20, what=f"{n} usage records")
+    time.sleep(0.3)  # and no more than that arrive
+    return records(gw)
+
+
+def chat(gw: Gateway, key: str, max_tokens: int, **extra: object) -> httpx.Response:
+    body = {
+        "model": "chat",
+        "messages": [{"role": "user", "content": "q"}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+    # A fresh connection each time, so that SO_REUSEPORT spreads requests over every worker.
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        content=orjson.dumps(body),
+        timeout=30,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+
+
+def ready_key(gw: Gateway, principal: str) -> str:
+    key = gw.create_key(principal)
+    wait_until(
+        lambda: (
+            httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+        ),
+        what="key published",
+    )
+    return key
+
+
+def test_every_request_is_recorded_once_across_a_control_worker_crash(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    gw = Gateway(
+        tmp_path, basic_config({"a": mock_engine.url}, price="{ input = 1.0, output = 2.0 }"), workers=4
+    )
+    try:
+        key = ready_key(gw, "alice")
+        mock_engine.configure(delay=0.01)
+        n = 600
+
+        def one(i: int) -> httpx.Response:
+            return chat(gw, key, 1 + i % 7, stream=i % 3 == 0)
+
+        with ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(one, i) for i in range(n)]
+            time.sleep(0.5)
+            control = gw.worker_pids("control")[0]
+            os.kill(control, signal.SIGKILL)  # mid-burst: the rings keep what it had not stored
+            responses = [f.result() for f in futures]
+        assert all(r.status_code == 200 for r in responses)
+        wait_until(lambda: gw.worker_pids("control") not in ([], [control]), what="control worker respawned")
+        got = wait_for_records(gw, n)
+        assert len(got) == n
+        assert len({r.request_id for r in got}) == n
+        ids = {r.headers["x-request-id"] for r in responses}
+        assert ids == {r.request_id for r in got}
+        by_id = {r.request_id: r for r in got}
+        for i, resp in enumerate(responses):
+            rec = by_id[resp.headers["x-request-id"]]
+            completion = 1 + i % 7
+            assert (rec.prompt_tokens, rec.completion_tokens, rec.total_tokens) == (
+                1,
+                completion,
+                1 + completion,
+            )
+            assert rec.usage_source == "reported"  # streams too: the gateway asked for their usage
+            assert (rec.status, rec.model, rec.backend) == (200, "chat", "a")
+            assert rec.cost_nanos == 1 * 1000 + completion * 2000  # $1 and $2 per million tokens
+            assert rec.latency_ms >= 0 and rec.ttfb_ms is not None and rec.ttfb_ms <= rec.latency_ms
+        assert gw.stop() == 0
+    finally:
+        gw.stop()
+
+
+def test_budget_refuses_the_request_after_the_one_that_crossed_it(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    config = basic_config(
+        {"a": mock_engine.url}, extra=BUDGETED.format(budget='period = "day", tokens = 1000')
+    )
+    gw = Gateway(tmp_path, config, workers=4)
+    try:
+        key = ready_key(gw, "capped")
+        mock_engine.configure(tokens=1000)
+        # One prompt token ("q") + 399 completion tokens: 400 per request.
+        for i in range(3):
+            r = chat(gw, key, 399)
+            assert r.status_code == 200, (i, r.text)
+        refused = chat(gw, key, 399)
+        assert refused.status_code == 402
+        error = refused.json()["error"]
+        assert error["code"] == "budget_exceeded" and error["type"] == "insufficient_quota"
+        assert "1200 of 1000 tokens" in error["message"]
+        posted = [r for r in mock_engine.requests() if r["method"] == "POST"]
+        assert len(posted) == 3  # the refused request never reached the engine
+        wait_for_records(gw, 3)
+        status = orjson.loads(gw.cli("budgets", "--json").stdout)
+        assert status == [
+            {
+                "principal": "capped",
+                "period": "day",
+                "window_start": pytest.approx(status[0]["window_start"]),
+                "window_end": status[0]["window_start"] + 86400,
+                "tokens": 1200,
+                "tokens_limit": 1000,
+                "cost": 0.0,
+                "cost_limit": None,
+                "exceeded": True,
+            }
+        ]
+        other = ready_key(gw, "alice")  # other principals are not affected
+        assert chat(gw, other, 5).status_code == 200
+    finally:
+        gw.stop()
+    # A new gateway on the same store (a new bucket table) still knows what was spent.
+    gw = Gateway(tmp_path, None, workers=2, extra=("--data-dir", str(gw.data_dir)))
+    try:
+        wait_until(lambda: chat(gw, key, 1).status_code == 402, what="budget remembered after a restart")
+    finally:
+        gw.stop()
+
+
+def test_cost_budget_counts_prices(tmp_path: Path, mock_engine: MockEngine) -> None:
+    config = basic_config(
+        {"a": mock_engine.url},
+        price="{ input = 1000.0, output = 1000.0 }",  # a thousandth of a unit per token
+        extra=BUDGETED.format(budget='period = "1h", cost = 0.5'),
+    )
+    gw = Gateway(tmp_path, config, workers=2)
+    try:
+        key = ready_key(gw, "capped")
+        mock_engine.configure(tokens=1000)
+        assert chat(gw, key, 249).status_code == 200  # 250 tokens: 0.25
+        assert chat(gw, key, 249).status_code == 200  # 0.50: crosses
+        r = chat(gw, key, 1)
+        assert r.status_code == 402 and "0.500000 of 0.500000 (cost)" in r.json()["error"]["message"]
+    finally:
+        gw.stop()
+
+
+def test_stream_usage_is_asked_for_and_estimated_when_the_client_opts_out(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=1)
+    try:
+        key = ready_key(gw, "alice")
+        asked = chat(gw, key, 5, stream=True)
+        assert b'"usage":{"prompt_tokens":1' in asked.content  # the usage chunk reaches the client too
+        sent = mock_engine.requests()[-1]
+        assert sent["path"] == "/v1/chat/completions"
+        assert orjson.loads(sent["body"])["stream_options"] == {"include_usage": True}
+        opted_out = chat(gw, key, 5, stream=True, stream_options={"include_usage": False})
+        assert b'"usage":{' not in opted_out.content
+        assert orjson.loads(mock_engine.requests()[-1]["body"])["stream_options"] == {"include_usage": False}
+        got = {r.request_id: r for r in wait_for_records(gw, 2)}
+        assert got[asked.headers["x-request-id"]].usage_source == "reported"
+        estimated = got[opted_out.headers["x-request-id"]]
+        assert estimated.usage_source == "estimated"
+        assert estimated.completion_tokens == 5  # max_tokens, reserved before dispatch
+    finally:
+        gw.stop()
+
+
+def test_without_usage_records_nothing_is_recorded(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=1, extra=("--no-usage-records",))
+    try:
+        key = ready_key(gw, "alice")
+        r = chat(gw, key, 5, stream=True)
+        assert r.status_code == 200 and "x-request-id" not in r.headers
+        assert b'"usage":{' not in r.content  # nothing to account: the body is forwarded as sent
+        time.sleep(0.5)
+        assert records(gw) == []
+    finally:
+        gw.stop()
+
+
+def test_errors_and_client_disconnects_are_recorded(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=1)
+    try:
+        key = ready_key(gw, "alice")
+        mock_engine.configure(fail_status=400, fail_count=1)
+        assert chat(gw, key, 5).status_code == 400
+        mock_engine.configure(delay=3.0)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(
+                gw.url + "/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "q"}]},
+                headers={"authorization": f"Bearer {key}"},
+                timeout=1.0,
+            )
+        got = sorted(wait_for_records(gw, 2), key=lambda r: r.ts)
+        assert [(r.status, r.usage_source, r.total_tokens) for r in got] == [
+            (400, "none", 0),
+            (499, "none", 0),
+        ]
+        summary = orjson.loads(gw.cli("usage", "--by", "model", "--json").stdout)
+        assert summary["groups"] == [
+            {
+                "group": "chat",
+                "requests": 2,
+                "errors": 2,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "total_tokens": 0,
+                "cost": 0.0,
+            }
+        ]
+    finally:
+        gw.stop()
