@@ -6,6 +6,11 @@ per minute are GCRA buckets (burst = the per-minute amount, refilled continuousl
 from the request's estimate and settled against the real usage afterwards (debt allowed). Concurrency is a
 gauge taken for the request's lifetime. Every bucket operation is one atomic C call on the shared table,
 so a limit is exact across all workers of the host. I/O: none (shared memory only).
+
+A worker killed with ``kill -9`` cannot give its gauges back, so each worker notes the gauges it holds
+in its own area of a shared segment (``Holdings``) before taking them; the worker the supervisor starts in
+its place releases whatever is still noted there. Rate buckets need no such care: what a killed request
+took stays taken, as it would have had the request finished.
 """
 
 from __future__ import annotations
@@ -14,13 +19,53 @@ import math
 from dataclasses import dataclass
 
 from gateway.errors import RateLimited
-from gateway.native import BucketTable
+from gateway.native import AtomicWords, BucketTable
 from gateway.snapshot import KeyEntry
 
-__all__ = ["Limiter", "Ticket", "estimate_tokens"]
+__all__ = ["HOLD_SLOTS", "Holdings", "Limiter", "Ticket", "estimate_tokens"]
 
 # Bytes per token for the prompt estimate: a common rule of thumb for English text and JSON overhead.
 BYTES_PER_TOKEN = 4
+# Gauges one worker can note at once (up to three per request: principal, key, principal and model).
+HOLD_SLOTS = 16384
+
+
+class Holdings:
+    """One worker's notes of the concurrency gauges it holds: a word per held gauge (its key; 0 = free)
+    in the worker's own slice of a shared segment, which outlives the worker."""
+
+    def __init__(self, words: AtomicWords, index: int, slots: int = HOLD_SLOTS) -> None:
+        self.words = words
+        self.base = index * slots * 8
+        self.slots = slots
+        self.free = list(range(slots - 1, -1, -1))
+        self.unnoted = 0
+
+    def recover(self, table: BucketTable) -> int:
+        """Release every gauge a previous worker in this slice still held; returns how many."""
+        released = 0
+        for i in range(self.slots):
+            offset = self.base + 8 * i
+            key = self.words.load(offset)
+            if key:
+                table.release(key)
+                self.words.store(offset, 0)
+                released += 1
+        return released
+
+    def note(self, key: int) -> int:
+        """Note a gauge about to be taken; returns the note's slot (-1 when every slot is in use)."""
+        if not self.free:
+            self.unnoted += 1
+            return -1
+        slot = self.free.pop()
+        self.words.store(self.base + 8 * slot, key)
+        return slot
+
+    def erase(self, slot: int) -> None:
+        if slot >= 0:
+            self.words.store(self.base + 8 * slot, 0)
+            self.free.append(slot)
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> int:
@@ -35,13 +80,14 @@ class Ticket:
 
     taken: list[tuple[int, float, int]]  # (bucket key, rate per second, units) taken from rate buckets
     reserved: list[tuple[int, float, int]]  # the token reservations among them, settled at the end
-    held: list[int]  # concurrency gauges this request holds
+    held: list[tuple[int, int]]  # concurrency gauges this request holds, with their Holdings slot
     headers: list[tuple[str, str]]
 
 
 class Limiter:
-    def __init__(self, table: BucketTable) -> None:
+    def __init__(self, table: BucketTable, holdings: Holdings | None = None) -> None:
         self.table = table
+        self.holdings = holdings
 
     def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
         """Take what the request needs from every scope, or take nothing and raise RateLimited."""
@@ -73,9 +119,14 @@ class Limiter:
                     if kind not in tightest or got.remaining < tightest[kind][0]:
                         tightest[kind] = (got.remaining, limit, (limit - got.remaining) / rate)
                 if scope.concurrency is not None:
+                    # Noted before it is taken: a crash in between makes the successor release one
+                    # that was never taken (briefly admitting one more), never leak one for good.
+                    slot = self.holdings.note(scope.concurrency_key) if self.holdings is not None else -1
                     if not table.acquire(scope.concurrency_key, scope.concurrency):
+                        if self.holdings is not None:
+                            self.holdings.erase(slot)
                         raise _refused("concurrent requests", scope.concurrency, 1.0)
-                    ticket.held.append(scope.concurrency_key)
+                    ticket.held.append((scope.concurrency_key, slot))
         except RateLimited:
             for bucket, rate, units in ticket.taken:  # nothing a refused request took may stay taken
                 table.settle(bucket, rate, -units)
@@ -98,8 +149,10 @@ class Limiter:
         self.release(ticket)
 
     def release(self, ticket: Ticket) -> None:
-        for bucket in ticket.held:
+        for bucket, slot in ticket.held:
             self.table.release(bucket)
+            if self.holdings is not None:
+                self.holdings.erase(slot)
         ticket.held.clear()
 
 

@@ -23,9 +23,9 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.app import ProxyApp
 from gateway.dataplane.budgets import BudgetGuard
-from gateway.dataplane.limits import Limiter
+from gateway.dataplane.limits import Holdings, Limiter
 from gateway.dataplane.usage_log import UsageLog
-from gateway.native import BucketTable, UsageRing
+from gateway.native import AtomicWords, BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 
@@ -36,8 +36,12 @@ log = logging.getLogger("gateway.dataplane")
 
 def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash_key: bytes) -> int:
     table = BucketTable(shared.buckets)
+    holdings = Holdings(AtomicWords(shared.holdings), index)
+    released = holdings.recover(table)
+    if released:
+        log.warning("released %d concurrency places the previous proxy worker %d held", released, index + 1)
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
-    accounting = Accounting(Limiter(table), BudgetGuard(table, shared.epoch), usage)
+    accounting = Accounting(Limiter(table, holdings), BudgetGuard(table, shared.epoch), usage)
     app = ProxyApp(settings, hash_key, SnapshotReader(shared.snapshot), accounting)
     asyncio.run(_serve(settings, app, usage))
     return 0

@@ -53,4 +53,5 @@ class SharedRegions:
     snapshot: memoryview  # the published snapshot slots
     buckets: memoryview  # rate buckets, concurrency gauges and budget spend
     usage: memoryview  # one usage-record ring per proxy worker
+    holdings: memoryview  # the concurrency gauges each proxy worker holds (see dataplane.limits)
     epoch: str

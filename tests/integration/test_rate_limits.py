@@ -3,12 +3,15 @@ what one would."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import orjson
+import pytest
 
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
 
@@ -101,5 +104,42 @@ def test_tokens_per_minute_settle_to_real_usage(tmp_path: Path, mock_engine: Moc
         expected = (1000 - reserve) // used + 1
         assert statuses[:expected] == [200] * expected
         assert statuses[expected] == 429
+    finally:
+        gw.stop()
+
+
+def test_kill_9_mid_burst_keeps_the_buckets_consistent(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """Every proxy worker dies with requests in flight. What those requests took from the request bucket
+    stays taken (as if they had finished); the concurrency places they held come back once the supervisor
+    has replaced the workers; nothing else moves."""
+    gw, key = start(tmp_path, mock_engine, "requests_per_minute = 30, concurrent_requests = 4")
+    try:
+        mock_engine.configure(delay=30)
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            in_flight = [pool.submit(fire, gw, key, 1, 1) for _ in range(4)]
+            wait_until(lambda: mock_engine.stats()["in_flight"] == 4, what="4 requests at the engine")
+            assert fire(gw, key, 1)[0].status_code == 429  # all four places are taken
+            old = gw.worker_pids()
+            for pid in old:
+                os.kill(pid, signal.SIGKILL)
+            for f in in_flight:
+                with pytest.raises(httpx.HTTPError):
+                    f.result()
+        wait_until(
+            lambda: len(set(gw.worker_pids()) - set(old)) == 4, timeout=30, what="proxy workers replaced"
+        )
+        gw.wait_ready()
+        mock_engine.configure(delay=2)
+        # The four places are free again: four slow requests at once are admitted, a fifth is not.
+        responses = fire(gw, key, 5, threads=5)
+        assert sorted(r.status_code for r in responses) == [200, 200, 200, 200, 429]
+        assert "concurrent" in next(r for r in responses if r.status_code == 429).text
+        mock_engine.configure(delay=0)
+        # Of the 30 requests per minute, the four killed and the four just admitted are spent (refusals
+        # take nothing); the rest, plus what refilled meanwhile, remains.
+        elapsed = time.monotonic() - started
+        ok = sum(r.status_code == 200 for r in fire(gw, key, 40, threads=4))
+        assert 30 - 8 <= ok <= 30 - 8 + int(elapsed * 30 / 60) + 1
     finally:
         gw.stop()
