@@ -89,6 +89,9 @@ class Limits:
     rpm_key: int
     tpm_key: int
     concurrency_key: int
+    # The rate buckets to take from, ready for the request path: (counts tokens, limit, bucket key, rate
+    # per second), requests before tokens.
+    rates: tuple[tuple[bool, int, int, float], ...] = ()
 
     @classmethod
     def from_doc(cls, scope: str, doc: dict[str, Any] | None) -> Limits | None:
@@ -97,15 +100,13 @@ class Limits:
         rpm, tpm, conc = (_positive(doc.get(k)) for k in ("rpm", "tpm", "concurrency"))
         if rpm is None and tpm is None and conc is None:
             return None
-        return cls(
-            scope,
-            rpm,
-            tpm,
-            conc,
-            bucket_key(scope, "rpm"),
-            bucket_key(scope, "tpm"),
-            bucket_key(scope, "concurrency"),
+        rpm_key, tpm_key = bucket_key(scope, "rpm"), bucket_key(scope, "tpm")
+        rates = tuple(
+            (counts_tokens, limit, key, limit / 60.0)
+            for counts_tokens, limit, key in ((False, rpm, rpm_key), (True, tpm, tpm_key))
+            if limit is not None
         )
+        return cls(scope, rpm, tpm, conc, rpm_key, tpm_key, bucket_key(scope, "concurrency"), rates)
 
 
 def _positive(value: Any) -> int | None:

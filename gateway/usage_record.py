@@ -7,8 +7,7 @@ control worker decodes it and writes it to the store, idempotently by ``request_
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -25,8 +24,9 @@ __all__ = [
 VERSION = 1
 
 
-@dataclass(frozen=True, slots=True)
-class UsageRecord:
+class UsageRecord(NamedTuple):
+    """A tuple, so that it is its own row and its own encoding."""
+
     request_id: str
     ts: float  # unix seconds when the response ended
     principal_id: str
@@ -46,12 +46,11 @@ class UsageRecord:
 
     def row(self) -> tuple[Any, ...]:
         """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        values = astuple(self)
-        return (*values[:-1], to_signed64(self.budget_key))
+        return (*self[:-1], to_signed64(self.budget_key))
 
 
 def encode_record(record: UsageRecord) -> bytes:
-    return orjson.dumps([VERSION, *astuple(record)])
+    return orjson.dumps((VERSION, *record))
 
 
 def encode_fields(*fields: Any) -> bytes:
@@ -59,23 +58,26 @@ def encode_fields(*fields: Any) -> bytes:
     return orjson.dumps((VERSION, *fields))
 
 
-_TYPES: tuple[tuple[str, tuple[type, ...], bool], ...] = (
-    ("request_id", (str,), False),
-    ("ts", (int, float), False),
-    ("principal_id", (str,), False),
-    ("key_id", (str,), False),
-    ("model", (str,), False),
-    ("backend", (str,), True),
-    ("status", (int,), False),
-    ("prompt_tokens", (int,), False),
-    ("completion_tokens", (int,), False),
-    ("cached_tokens", (int,), False),
-    ("total_tokens", (int,), False),
-    ("usage_source", (str,), False),
-    ("cost_nanos", (int,), False),
-    ("latency_ms", (int, float), False),
-    ("ttfb_ms", (int, float), True),
-    ("budget_key", (int,), True),
+_STR, _INT, _NUM = frozenset({str}), frozenset({int}), frozenset({int, float})
+_NONE = frozenset({type(None)})
+# Exact types per field (bool is not an int here); a set with NoneType for the nullable ones.
+_TYPES = (
+    _STR,  # request_id
+    _NUM,  # ts
+    _STR,  # principal_id
+    _STR,  # key_id
+    _STR,  # model
+    _STR | _NONE,  # backend
+    _INT,  # status
+    _INT,  # prompt_tokens
+    _INT,  # completion_tokens
+    _INT,  # cached_tokens
+    _INT,  # total_tokens
+    _STR,  # usage_source
+    _INT,  # cost_nanos
+    _NUM,  # latency_ms
+    _NUM | _NONE,  # ttfb_ms
+    _INT | _NONE,  # budget_key
 )
 
 
@@ -85,19 +87,15 @@ def decode_record(data: bytes) -> UsageRecord:
         values = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not a usage record: {exc}") from None
-    if not isinstance(values, list) or not values or values[0] != VERSION:
-        raise ValueError("not a usage record of version 1")
+    if type(values) is not list or len(values) != len(_TYPES) + 1 or values[0] != VERSION:
+        raise ValueError(f"not a usage record of version {VERSION} with {len(_TYPES)} fields")
     fields = values[1:]
-    if len(fields) != len(_TYPES):
-        raise ValueError(f"a usage record has {len(_TYPES)} fields, not {len(fields)}")
-    for value, (name, types, nullable) in zip(fields, _TYPES, strict=True):
-        if value is None and nullable:
-            continue
-        if isinstance(value, bool) or not isinstance(value, types):
+    for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
+        if type(value) not in types:
             raise ValueError(f"usage record field {name} has the wrong type")
     if not fields[0] or len(fields[0]) > 64:
         raise ValueError("usage record without a valid request id")
-    return UsageRecord(*fields)
+    return UsageRecord._make(fields)
 
 
 def to_signed64(value: int | None) -> int | None:

@@ -45,7 +45,8 @@ from perf.targets import (
 
 __all__ = ["main"]
 
-TARGETS = ("direct", "nginx", "gateway")
+# gateway: rate limits, a budget, prices and usage records on every request; gateway-bare: all of it off.
+TARGETS = ("direct", "nginx", "gateway", "gateway-bare")
 REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
 PATH = "/v1/chat/completions"
 REQUEST_BODY = json.dumps(
@@ -71,6 +72,7 @@ class Cell:
     scenario: str
     target: str
     wrk: WrkResult
+    round: int = 0
     cpu_us_per_request: float | None = None
     proxy_cpu_cores: float | None = None
     peak_rss_mib: float | None = None  # sum of VmHWM over the proxy's processes
@@ -107,6 +109,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="seconds of unmeasured load before each cell (2; --quick: 1)")
     p.add_argument("-c", "--connections", default="8,64", help="comma-separated connection counts (8,64)")
     p.add_argument("-t", "--threads", type=int, default=2, help="wrk threads (2)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every target this many times, interleaved; tables show each one's median (1)",
+    )
     p.add_argument(
         "--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}"
     )
@@ -151,8 +159,10 @@ def started_targets(workdir: Path, run: Run) -> Iterator[tuple[NginxService, lis
             try:
                 if name == "nginx":
                     service = NginxService.proxy(workdir, upstream.port, workers=run.args.workers)
-                elif name == "gateway":
-                    service = GatewayService(workdir, upstream.url, workers=run.args.workers)
+                elif name in ("gateway", "gateway-bare"):
+                    service = GatewayService(
+                        workdir, upstream.url, workers=run.args.workers, accounted=name == "gateway"
+                    )
                 if service is not None:
                     services.append(service)
                     service.start()
@@ -273,6 +283,37 @@ def render_table(cells: Sequence[Cell]) -> str:
     return "\n".join(lines)
 
 
+def medians(cells: Sequence[Cell]) -> list[Cell]:
+    """One cell per scenario and target: the median by req/s of its rounds, in first-seen order."""
+    groups: dict[tuple[str, str], list[Cell]] = {}
+    for c in cells:
+        groups.setdefault((c.scenario, c.target), []).append(c)
+    return [sorted(g, key=lambda c: c.wrk.rps)[(len(g) - 1) // 2] for g in groups.values()]
+
+
+def render_accounting(cells: Sequence[Cell]) -> str:
+    """What rate limits, a budget and usage records cost: the gateway with them against without them."""
+    bare = {c.scenario: c for c in cells if c.target == "gateway-bare"}
+    lines = []
+    for c in cells:
+        b = bare.get(c.scenario)
+        if c.target != "gateway" or b is None or not b.wrk.rps:
+            continue
+        cpu = (
+            f", CPU {c.cpu_us_per_request:.1f} vs {b.cpu_us_per_request:.1f} µs/req"
+            if c.cpu_us_per_request and b.cpu_us_per_request
+            else ""
+        )
+        lines.append(
+            f"- {c.wrk.connections} connections: {c.wrk.rps:,.0f} vs {b.wrk.rps:,.0f} req/s, "
+            f"{(1 - c.wrk.rps / b.wrk.rps) * 100:+.1f}% throughput cost{cpu}"
+        )
+    if not lines:
+        return ""
+    head = "Limits, budget and usage records on (gateway) against off (gateway-bare), same run:"
+    return "\n".join([head, "", *lines])
+
+
 def render_markdown(run: Run, meta: dict[str, Any]) -> str:
     m = meta["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
@@ -287,9 +328,13 @@ def render_markdown(run: Run, meta: dict[str, Any]) -> str:
         f"warm-up; POST {PATH}, {len(REQUEST_BODY)}-byte body, non-streamed; "
         f"proxies run {run.args.workers} workers",
         "",
-        render_table(run.cells),
+        render_table(medians(run.cells)),
         "",
     ]
+    if run.args.rounds > 1:
+        parts[-1:-1] = [f"Each row is the median (by req/s) of {run.args.rounds} interleaved rounds.", ""]
+    if accounting := render_accounting(medians(run.cells)):
+        parts += [accounting, ""]
     if run.cells:
         busiest = max(c.upstream_cpu_cores for c in run.cells)
         other = max(c.other_cores for c in run.cells)
@@ -313,7 +358,7 @@ def _relative(path: Path) -> str:
 def _progress(cell: Cell) -> None:
     w = cell.wrk
     print(
-        f"{cell.scenario:<5} {cell.target:<8} {w.rps:>9,.0f} req/s  p50 {w.p50_ms:.2f} ms"
+        f"{cell.scenario:<5} {cell.target:<12} {w.rps:>9,.0f} req/s  p50 {w.p50_ms:.2f} ms"
         f"  p99 {w.p99_ms:.2f} ms  non-2xx {w.non_2xx}  cpu {_num(cell.cpu_us_per_request, '.1f')} us/req",
         file=sys.stderr,
         flush=True,
@@ -331,10 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with started_targets(workdir, run) as (upstream, targets):
             # Targets interleave within a scenario so that each ratio compares neighbouring minutes.
             for connections in args.connections:
-                for target in targets:
-                    cell = measure(target, upstream, script, connections, args)
-                    run.cells.append(cell)
-                    _progress(cell)
+                for round_ in range(args.rounds):
+                    for target in targets:
+                        cell = measure(target, upstream, script, connections, args)
+                        cell.round = round_
+                        run.cells.append(cell)
+                        _progress(cell)
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,

@@ -276,8 +276,19 @@ class NginxService(Service):
         return own + ("\n" + err.read_text(errors="replace") if err.exists() else "")
 
 
-def gateway_config(upstream_url: str) -> str:
-    """One backend (the mock engine), one model, one principal allowed to use it, and its key."""
+# Limits far above what the benchmark reaches, a budget it never exhausts and a price: every check runs
+# on every request and none refuses one.
+ACCOUNTED = """
+limits = { requests_per_minute = 1000000000, tokens_per_minute = 1000000000000, concurrent_requests = 100000 }
+budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }
+"""
+
+
+def gateway_config(upstream_url: str, accounted: bool = True) -> str:
+    """One backend (the mock engine), one model, one principal allowed to use it, and its key; with
+    ``accounted``, the principal has rate limits and a budget, and the model a price."""
+    principal_extra = ACCOUNTED if accounted else ""
+    price = "price = { input = 0.15, output = 0.60 }" if accounted else ""
     return f"""\
 [[backends]]
 name = "engine"
@@ -290,6 +301,7 @@ backends = [{{ backend = "engine", model = "mock-model" }}]
 [[models]]
 name = "{BENCH_MODEL}"
 chain = ["mock-model"]
+{price}
 
 [[roles]]
 name = "bench"
@@ -298,6 +310,7 @@ permissions = ["model/*"]
 [[principals]]
 name = "bench"
 roles = ["bench"]
+{principal_extra}
 
 [[keys]]
 principal = "bench"
@@ -307,16 +320,20 @@ secret = "{BENCH_KEY}"
 
 
 class GatewayService(Service):
-    """``python -m gateway serve`` from this checkout, with its own TOML config and data directory."""
+    """``python -m gateway serve`` from this checkout, with its own TOML config and data directory.
+    ``accounted=False`` turns off what issue 3 added per request: rate limits, budgets, usage records."""
 
     name = "gateway"
 
-    def __init__(self, workdir: Path, upstream_url: str, workers: int = 2) -> None:
+    def __init__(self, workdir: Path, upstream_url: str, workers: int = 2, accounted: bool = True) -> None:
+        self.name = "gateway" if accounted else "gateway-bare"
         super().__init__(workdir)
         self.workers = workers
-        self.data_dir = workdir / "gateway-data"
-        self.config_path = workdir / "gateway.toml"
-        self.config_path.write_text(gateway_config(upstream_url))
+        self.accounted = accounted
+        suffix = "" if accounted else "-bare"
+        self.data_dir = workdir / f"gateway{suffix}-data"
+        self.config_path = workdir / f"gateway{suffix}.toml"
+        self.config_path.write_text(gateway_config(upstream_url, accounted))
 
     def start(self, timeout: float = 30.0) -> GatewayService:
         argv = [
@@ -326,6 +343,7 @@ class GatewayService(Service):
             "--port", str(self.port),
             "--workers", str(self.workers),
             "--grace-period", "2",
+            *([] if self.accounted else ["--no-usage-records"]),
         ]  # fmt: skip
         self._spawn(argv, cwd=ROOT)
 

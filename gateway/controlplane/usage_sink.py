@@ -80,10 +80,10 @@ class UsageSink:
                     log.error("dropping an unreadable usage record from ring %d: %s", index, exc)
         if not taken:
             return 0
-        new = self.store.usage.insert(records)
+        new = self.store.usage.insert(records, self._folds)
         for index, n in taken:
             ring.advance(index, n)
-        self.written += len(new)
+        self.written += len(records)
         self._fold(new)
         return sum(n for _, n in taken)
 
@@ -129,17 +129,25 @@ class UsageSink:
         self.bases = bases
         self._refreshed_at = now
 
+    def _folds(self, r: UsageRecord) -> bool:
+        """Whether a record, once stored, belongs in its budget's base: it spent something in the
+        current window of a budget whose live counter does not hold it."""
+        base = self.bases.get(r.principal_id)
+        return (
+            base is not None
+            and r.budget_key != base.key
+            and base.start <= r.ts < base.end
+            and (r.total_tokens > 0 or r.cost_nanos > 0)
+        )
+
     def _fold(self, records: list[UsageRecord]) -> None:
         """Add newly stored records that the live counter does not hold to their budget's base."""
         changed: set[str] = set()
         for r in records:
-            base = self.bases.get(r.principal_id)
-            if base is None or r.budget_key == base.key or not base.start <= r.ts < base.end:
-                continue
-            if r.total_tokens or r.cost_nanos:
-                base.tokens += r.total_tokens
-                base.cost += r.cost_nanos
-                changed.add(r.principal_id)
+            base = self.bases[r.principal_id]
+            base.tokens += r.total_tokens
+            base.cost += r.cost_nanos
+            changed.add(r.principal_id)
         for pid in changed:
             base = self.bases[pid]
             self.table.spend_set_base(base.key, base.tokens, base.cost)

@@ -97,27 +97,28 @@ class Limiter:
             return None
         table = self.table
         ticket = Ticket([], [], [], [])
-        tightest: dict[str, tuple[int, int, float]] = {}  # kind -> (remaining, limit, seconds to full)
+        take = table.take
+        taken, reserved, held = ticket.taken, ticket.reserved, ticket.held
+        requests: tuple[int, int, float] | None = None  # the tightest bucket: (remaining, limit, rate)
+        tokens_left: tuple[int, int, float] | None = None
         try:
             for scope in (principal.limits, key.limits, model_limits):
                 if scope is None:
                     continue
-                for kind, limit, bucket, units in (
-                    ("requests", scope.rpm, scope.rpm_key, 1),
-                    ("tokens", scope.tpm, scope.tpm_key, tokens),
-                ):
-                    if limit is None:
-                        continue
-                    rate = limit / 60.0
-                    units = min(units, limit)  # a request bigger than the burst still fits an empty bucket
-                    got = table.take(bucket, rate, limit, units)
+                for counts_tokens, limit, bucket, rate in scope.rates:
+                    # A request bigger than the burst still fits an empty bucket.
+                    units = (tokens if tokens < limit else limit) if counts_tokens else 1
+                    got = take(bucket, rate, limit, units)
                     if not got.admitted:
-                        raise _refused(f"{kind} per minute", limit, got.retry_after_s)
-                    ticket.taken.append((bucket, rate, units))
-                    if kind == "tokens":
-                        ticket.reserved.append((bucket, rate, units))
-                    if kind not in tightest or got.remaining < tightest[kind][0]:
-                        tightest[kind] = (got.remaining, limit, (limit - got.remaining) / rate)
+                        what = "tokens per minute" if counts_tokens else "requests per minute"
+                        raise _refused(what, limit, got.retry_after_s)
+                    taken.append((bucket, rate, units))
+                    if counts_tokens:
+                        reserved.append((bucket, rate, units))
+                        if tokens_left is None or got.remaining < tokens_left[0]:
+                            tokens_left = (got.remaining, limit, rate)
+                    elif requests is None or got.remaining < requests[0]:
+                        requests = (got.remaining, limit, rate)
                 if scope.concurrency is not None:
                     # Noted before it is taken: a crash in between makes the successor release one
                     # that was never taken (briefly admitting one more), never leak one for good.
@@ -126,18 +127,16 @@ class Limiter:
                         if self.holdings is not None:
                             self.holdings.erase(slot)
                         raise _refused("concurrent requests", scope.concurrency, 1.0)
-                    ticket.held.append((scope.concurrency_key, slot))
+                    held.append((scope.concurrency_key, slot))
         except RateLimited:
-            for bucket, rate, units in ticket.taken:  # nothing a refused request took may stay taken
+            for bucket, rate, units in taken:  # nothing a refused request took may stay taken
                 table.settle(bucket, rate, -units)
             self.release(ticket)
             raise
-        for kind, (remaining, limit, reset) in tightest.items():
-            ticket.headers += [
-                (f"x-ratelimit-limit-{kind}", str(limit)),
-                (f"x-ratelimit-remaining-{kind}", str(max(0, remaining))),
-                (f"x-ratelimit-reset-{kind}", f"{max(0.0, reset):.3f}s"),
-            ]
+        if requests is not None:
+            ticket.headers += _headers("requests", *requests)
+        if tokens_left is not None:
+            ticket.headers += _headers("tokens", *tokens_left)
         return ticket
 
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
@@ -154,6 +153,15 @@ class Limiter:
             if self.holdings is not None:
                 self.holdings.erase(slot)
         ticket.held.clear()
+
+
+def _headers(kind: str, remaining: int, limit: int, rate: float) -> list[tuple[str, str]]:
+    remaining = remaining if remaining > 0 else 0
+    return [
+        (f"x-ratelimit-limit-{kind}", str(limit)),
+        (f"x-ratelimit-remaining-{kind}", str(remaining)),
+        (f"x-ratelimit-reset-{kind}", f"{(limit - remaining) / rate:.3f}s"),
+    ]
 
 
 def _refused(what: str, limit: int, retry_after: float) -> RateLimited:

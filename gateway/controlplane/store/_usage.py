@@ -7,7 +7,7 @@ skips request ids already present and reports which records were new. All SQL is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.controlplane.store._driver import Driver
@@ -19,7 +19,10 @@ _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key"
 )
-_INSERT = f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 16)})"
+_INSERT = (
+    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 16)}) "
+    "ON CONFLICT (request_id) DO NOTHING"
+)
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
 
 
@@ -48,24 +51,30 @@ class UsageStore:
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
 
-    def insert(self, records: Sequence[UsageRecord]) -> list[UsageRecord]:
-        """Write the records not stored yet, in one transaction; returns those that were new."""
+    def insert(
+        self, records: Sequence[UsageRecord], watch: Callable[[UsageRecord], bool] | None = None
+    ) -> list[UsageRecord]:
+        """Write the records not stored yet, in one transaction (a stored request id is skipped).
+
+        Returns which of the records ``watch`` selects were new. Only those are looked up first: most
+        callers care about a few, and the insert itself ignores the rest of the duplicates."""
         if not records:
             return []
+        watched = [r for r in records if watch(r)] if watch is not None else []
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
-            ids = list({r.request_id for r in records})
+            ids = list({r.request_id for r in watched})
             for i in range(0, len(ids), _CHUNK):
                 chunk = ids[i : i + _CHUNK]
                 marks = ", ".join(["?"] * len(chunk))
                 rows = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
                 seen.update(row[0] for row in rows)
-            new: list[UsageRecord] = []
-            for record in records:
-                if record.request_id not in seen:
-                    seen.add(record.request_id)
-                    new.append(record)
-            tx.executemany(_INSERT, [r.row() for r in new])
+            tx.executemany(_INSERT, [r.row() for r in records])
+        new: list[UsageRecord] = []
+        for record in watched:
+            if record.request_id not in seen:
+                seen.add(record.request_id)
+                new.append(record)
         return new
 
     def count(self) -> int:
