@@ -1,0 +1,253 @@
+"""The usage pipeline without processes: records encode and decode, the store writes them exactly once,
+the control worker's sink drains rings into it and keeps budgets' base spend, and a worker's log keeps
+records in order when its ring is full."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway import native
+from gateway.budget import period_window, window_key
+from gateway.config import Settings
+from gateway.controlplane.store import Store, open_store
+from gateway.controlplane.usage_sink import UsageSink
+from gateway.dataplane.usage_log import UsageLog
+from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.usage_record import (
+    UsageRecord,
+    decode_record,
+    encode_fields,
+    encode_record,
+    to_signed64,
+    to_unsigned64,
+)
+
+pytestmark = pytest.mark.skipif(not native.HAVE_NATIVE, reason="gateway._gateway_native is not built")
+
+EPOCH = "0123456789abcdef"
+NOW = 1_800_000_000.0  # 2027-01-15, inside one day and one month window
+DAY = period_window("day", NOW)
+
+
+def rec(
+    i: int, principal: str = "p1", tokens: int = 10, budget_key: int | None = None, **kw: object
+) -> UsageRecord:
+    fields: dict[str, object] = {
+        "request_id": f"req-{i:06d}",
+        "ts": NOW,
+        "principal_id": principal,
+        "key_id": "k1",
+        "model": "chat",
+        "backend": "a",
+        "status": 200,
+        "prompt_tokens": 4,
+        "completion_tokens": tokens - 4,
+        "cached_tokens": 0,
+        "total_tokens": tokens,
+        "usage_source": "reported",
+        "cost_nanos": tokens * 100,
+        "latency_ms": 1.5,
+        "ttfb_ms": 1.0,
+        "budget_key": budget_key,
+    }
+    fields.update(kw)
+    return UsageRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    with open_store(Settings(data_dir=tmp_path)) as s:
+        yield s
+
+
+@pytest.fixture
+def ring() -> UsageRing:
+    return UsageRing.create_layout(bytearray(ring_region_size(2, 64, 1024)), 2, 64, 1024)
+
+
+@pytest.fixture
+def table() -> BucketTable:
+    return BucketTable.create_layout(bytearray(region_size(64)), 64)
+
+
+def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
+    return {"p1": {"name": "alice", "budget": {"period": period, "tokens": tokens}}, "p2": {"name": "bob"}}
+
+
+# ---- records -----------------------------------------------------------------------------------------------
+
+
+def test_record_round_trip() -> None:
+    r = rec(1, budget_key=2**64 - 5)
+    assert decode_record(encode_record(r)) == r
+    assert decode_record(encode_fields(*r)) == r
+    assert r.row()[-1] == -5 and to_unsigned64(r.row()[-1]) == 2**64 - 5
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not json",
+        b"{}",
+        b"[2]",
+        encode_fields(*rec(1))[:-2] + b"]",  # one field short
+        encode_fields(*rec(1)._replace(status=True)),  # a bool is not an int
+        encode_fields(*rec(1)._replace(model=None)),  # not nullable
+        encode_fields(*rec(1)._replace(request_id="")),
+        encode_fields(*rec(1)._replace(request_id="x" * 65)),
+    ],
+)
+def test_decode_rejects_what_is_not_a_record(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_record(data)
+
+
+def test_signed_conversions_at_the_edges() -> None:
+    for value in (0, 1, 2**63 - 1, 2**63, 2**64 - 1):
+        signed = to_signed64(value)
+        assert signed is not None and -(2**63) <= signed < 2**63
+        assert to_unsigned64(signed) == value
+    assert to_signed64(None) is None and to_unsigned64(None) is None
+
+
+# ---- the store ---------------------------------------------------------------------------------------------
+
+
+def test_insert_writes_each_request_id_once(store: Store) -> None:
+    batch = [rec(i) for i in range(5)]
+    assert store.usage.insert(batch, lambda r: True) == batch
+    replay = [rec(3), rec(4), rec(5)]
+    assert store.usage.insert(replay, lambda r: True) == [rec(5)]
+    assert store.usage.insert([rec(6), rec(6)], lambda r: True) == [rec(6)]  # a duplicate within a batch
+    assert store.usage.insert([rec(7)]) == []  # nothing watched: nothing reported, still written
+    assert store.usage.count() == 8
+    assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(8)]
+
+
+def test_spend_groups_by_live_counter(store: Store) -> None:
+    key = 2**63 + 12345  # above the signed range: stored negative, read back unsigned
+    store.usage.insert([rec(1, budget_key=key), rec(2, budget_key=key), rec(3), rec(4, principal="p2")])
+    store.usage.insert([rec(5, ts=DAY[1])])  # the next window
+    rows = {(r.principal_id, r.budget_key): (r.tokens, r.cost_nanos) for r in store.usage.spend(*DAY)}
+    assert rows == {("p1", key): (20, 2000), ("p1", None): (10, 1000), ("p2", None): (10, 1000)}
+    assert [r.principal_id for r in store.usage.spend(*DAY, ["p2"])] == ["p2"]
+    assert store.usage.spend(*DAY, []) == []
+
+
+def test_summary_groups_and_counts_errors(store: Store) -> None:
+    store.usage.insert(
+        [
+            rec(1),
+            rec(2, model="other"),
+            rec(3, status=502, total_tokens=0, usage_source="none"),
+            rec(4, backend=None),
+        ]
+    )
+    by_model = {r.group: r for r in store.usage.summary(*DAY, "model")}
+    assert (by_model["chat"].requests, by_model["chat"].errors) == (3, 1)
+    assert by_model["other"].total_tokens == 10
+    assert {r.group for r in store.usage.summary(*DAY, "backend")} == {"a", "-"}
+    assert [r.group for r in store.usage.summary(*DAY, "principal")] == ["p1"]  # no such principal: its id
+    with pytest.raises(ValueError):
+        store.usage.summary(*DAY, "colour")
+
+
+# ---- the sink ----------------------------------------------------------------------------------------------
+
+
+def push(ring: UsageRing, index: int, *records: UsageRecord) -> None:
+    for r in records:
+        assert ring.push(index, encode_record(r))
+
+
+def test_drain_moves_every_ring_into_the_store(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    push(ring, 0, rec(1), rec(2))
+    push(ring, 1, rec(3))
+    assert sink.drain() == 3
+    assert sink.drain() == 0
+    assert (ring.pending(0), ring.pending(1), store.usage.count()) == (0, 0, 3)
+
+
+def test_a_replayed_batch_is_written_once(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    """A control worker that died after committing but before advancing the tail: its successor reads the
+    same records again; nothing is written or counted twice."""
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(budget_doc(), NOW)
+    push(ring, 0, rec(1), rec(2))
+    store.usage.insert([decode_record(b) for b in ring.read(0)])  # the crashed predecessor's commit
+    successor = UsageSink(store, ring, table, EPOCH)
+    successor.set_budgets(budget_doc(), NOW)  # recomputes from the store: 20 tokens
+    assert successor.drain() == 2
+    assert store.usage.count() == 2
+    key = window_key(EPOCH, "p1", "day", DAY[0])
+    assert table.spend_parts(key) == (0, 0, 20, 2000)
+
+
+def test_base_holds_what_the_live_counter_does_not(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    key = window_key(EPOCH, "p1", "day", DAY[0])
+    store.usage.insert([rec(1), rec(2, budget_key=12345)])  # before this table: all of it is base
+    sink.set_budgets(budget_doc(), NOW)
+    assert table.spend_parts(key) == (0, 0, 20, 2000)
+    # A worker that charged the live counter (as the data plane does) and one that had no budget yet.
+    table.spend_add(key, 10, 1000)
+    push(ring, 0, rec(3, budget_key=key), rec(4), rec(5, principal="p2"), rec(6, ts=DAY[0] - 1))
+    sink.drain()
+    assert table.spend_parts(key) == (10, 1000, 30, 3000)
+    assert table.spend(key) == (40, 4000)
+    sink.recompute(NOW)  # from the store alone: the same base
+    assert table.spend_parts(key) == (10, 1000, 30, 3000)
+
+
+def test_a_new_window_starts_from_what_it_holds(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(budget_doc(), NOW)
+    store.usage.insert([rec(1)])
+    tomorrow = DAY[1] + 10
+    sink.tick(tomorrow)
+    new_key = window_key(EPOCH, "p1", "day", DAY[1])
+    assert table.spend(new_key) == (0, 0)
+    push(ring, 0, rec(2, ts=tomorrow))
+    sink.drain()
+    assert table.spend(new_key) == (10, 1000)
+
+
+def test_an_unreadable_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    push(ring, 0, rec(1))
+    assert ring.push(0, b'[1, "torn"')
+    push(ring, 0, rec(2))
+    assert sink.drain() == 3
+    assert (store.usage.count(), sink.malformed, ring.pending(0)) == (2, 1, 0)
+
+
+# ---- the worker's log --------------------------------------------------------------------------------------
+
+
+def test_log_keeps_order_through_a_full_ring() -> None:
+    small = UsageRing.create_layout(bytearray(ring_region_size(1, 4, 64)), 1, 4, 64)
+    log = UsageLog(small, 0)
+    for i in range(10):
+        log.push(bytes([i]))
+    assert (small.pending(0), len(log.backlog)) == (4, 6)
+    got = small.read(0)
+    small.advance(0, 4)
+    assert log.flush() == 2
+    got += small.read(0)
+    small.advance(0, 4)
+    assert log.flush() == 0
+    got += small.read(0)
+    assert got == [bytes([i]) for i in range(10)]
+
+
+def test_request_ids_are_unique_per_log() -> None:
+    a = UsageLog(UsageRing.create_layout(bytearray(ring_region_size(1, 4, 64)), 1, 4, 64), 0)
+    b = UsageLog(UsageRing.create_layout(bytearray(ring_region_size(1, 4, 64)), 1, 4, 64), 0)
+    ids = [a.request_id() for _ in range(1000)] + [b.request_id() for _ in range(1000)]
+    assert len(set(ids)) == 2000
+    assert all(len(i) == 24 for i in ids)
