@@ -22,7 +22,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway.shm.bucket_keys import bucket_key
 
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 NANOS = 1_000_000_000  # nano-units per currency unit
-_DURATION = re.compile(r"^([1-9][0-9]{0,9})([smhd])$")
+_DURATION = re.compile(r"([1-9][0-9]{0,9})([smhd])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -44,7 +44,7 @@ def check_period(value: object) -> str | None:
     """The problem with a period, or None."""
     if value in ("day", "month"):
         return None
-    if isinstance(value, str) and (m := _DURATION.match(value)):
+    if isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         if int(m.group(1)) * _UNIT_SECONDS[m.group(2)] >= 60:
             return None
         return "a fixed window must be at least 60 seconds long"
@@ -61,7 +61,7 @@ def period_window(period: str, now: float) -> tuple[float, float]:
         start = calendar.timegm((t.tm_year, t.tm_mon, 1, 0, 0, 0))
         year, month = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
         return float(start), float(calendar.timegm((year, month, 1, 0, 0, 0)))
-    m = _DURATION.match(period)
+    m = _DURATION.fullmatch(period)
     if m is None:
         raise ValueError(f"unknown budget period {period!r}")
     length = int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
@@ -71,9 +71,16 @@ def period_window(period: str, now: float) -> tuple[float, float]:
 
 def format_money(nanos: int) -> str:
     """Nano-units as a decimal amount, to the micro-unit (``12.345678``)."""
-    sign = "-" if nanos < 0 else ""
     micros = (abs(nanos) + 500) // 1000
+    sign = "-" if nanos < 0 and micros else ""
     return f"{sign}{micros // 1_000_000}.{micros % 1_000_000:06d}"
+
+
+def _amount(value: object) -> TypeGuard[int | float]:
+    """A finite, non-negative int or float (not a bool): what prices and budget costs are made of."""
+    return (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +96,13 @@ class Price:
         """From the snapshot's ``[input, output, cached_input]`` per million tokens."""
         if not isinstance(doc, list) or len(doc) != 3:
             return None
-        per_million = [float(v) for v in doc]
-        if not all(math.isfinite(v) and v >= 0 for v in per_million):
+        if not all(_amount(v) for v in doc):
             return None
-        return cls(per_million[0] * 1000, per_million[1] * 1000, per_million[2] * 1000)
+        return cls(doc[0] * 1000.0, doc[1] * 1000.0, doc[2] * 1000.0)
 
     def cost(self, prompt: int, completion: int, cached: int) -> int:
         """Nano-units for one request; cached prompt tokens are part of ``prompt``."""
-        cached = min(cached, prompt)
+        cached = min(max(cached, 0), prompt)
         return round((prompt - cached) * self.input + cached * self.cached_input + completion * self.output)
 
 
@@ -112,22 +118,26 @@ class Budget:
     _start: float = 0.0
     _end: float = -1.0
     _key: int = 0
+    _epoch: str = ""
 
     @classmethod
     def from_doc(cls, principal_id: str, doc: Any) -> Budget | None:
         if not isinstance(doc, dict) or check_period(doc.get("period")) is not None:
             return None
-        tokens, cost = doc.get("tokens"), doc.get("cost")
-        tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens > 0 else None
-        cost = round(cost * NANOS) if isinstance(cost, int | float) and cost > 0 else None
+        raw_tokens, raw_cost = doc.get("tokens"), doc.get("cost")
+        tokens: int | None = None
+        if isinstance(raw_tokens, int) and not isinstance(raw_tokens, bool) and raw_tokens > 0:
+            tokens = raw_tokens
+        cost: int | None = round(raw_cost * NANOS) if _amount(raw_cost) and raw_cost > 0 else None
         if tokens is None and cost is None:
             return None
         return cls(principal_id, doc["period"], tokens, cost)
 
     def key_at(self, epoch: str, now: float) -> int:
         """The shared-memory key of the window containing ``now``, for the bucket table of ``epoch``."""
-        if not self._start <= now < self._end:
+        if not self._start <= now < self._end or epoch != self._epoch:
             self._start, self._end = period_window(self.period, now)
+            self._epoch = epoch
             self._key = window_key(epoch, self.principal_id, self.period, self._start)
         return self._key
 

@@ -63,10 +63,11 @@ MAX_LIMIT = 10**12
 MAX_PRICE = 10**6
 MAX_BUDGET_COST = 10**9
 
-_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-_URL = re.compile(r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+_NAME = re.compile(r"[^\s\x00-\x1f\x7f]{1,200}")
+# Used with fullmatch: "$" would also match before a final newline.
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,13 +221,13 @@ def check_name(value: object) -> str | None:
     """The problem with a name, or None. Names are 1-200 characters without whitespace or controls."""
     if not isinstance(value, str):
         return "must be a string"
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         return "must be 1-200 characters without whitespace or control characters"
     return None
 
 
 def check_url(value: object) -> str | None:
-    if not isinstance(value, str) or not _URL.match(value):
+    if not isinstance(value, str) or not _URL.fullmatch(value):
         return "must be an http:// or https:// URL"
     return None
 
@@ -394,7 +395,7 @@ def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | No
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         p.add(f"{place}.api_key", "must be a non-empty string")
         ok = False
-    if api_key_env is not None and (not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env)):
+    if api_key_env is not None and (not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env)):
         p.add(f"{place}.api_key_env", "must be an environment variable name")
         ok = False
     timeouts = [
@@ -674,7 +675,7 @@ def _toml_str(value: str) -> str:
 
 
 def _toml_key(value: str) -> str:
-    return value if _BARE_KEY.match(value) else _toml_str(value)
+    return value if _BARE_KEY.fullmatch(value) else _toml_str(value)
 
 
 def _toml_list(values: Iterable[str]) -> str:

@@ -52,7 +52,7 @@ log = logging.getLogger("gateway.snapshot")
 MAX_LOGGED = 20
 ALLOW_ALL = "model/*"
 _MODEL_PERMISSION = "model/"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch
 _GLOB_CHARS = frozenset("*?[")
 _LIMIT_KEYS = ("rpm", "tpm", "concurrency")  # the store's limit_rpm, limit_tpm, limit_concurrency
 
@@ -367,7 +367,7 @@ def _keys(
         if pid not in principals:
             skip(f"key {key_id!r}", f"unknown or invalid principal {pid!r}")
             continue
-        if not isinstance(key_hash, str) or not _HEX64.match(key_hash):
+        if not isinstance(key_hash, str) or not _HEX64.fullmatch(key_hash):
             skip(f"key {key_id!r}", "hash is not 64 lowercase hex characters")
             continue
         expires: float | None = None

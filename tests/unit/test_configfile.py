@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import math
 import tomllib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,19 @@ from gateway.controlplane.configfile import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FIRST_BYTE_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
+    MAX_BUDGET_COST,
+    MAX_LIMIT,
+    MAX_PRICE,
     BackendSpec,
+    BudgetSpec,
     ConfigDoc,
     KeySpec,
     LimitsSpec,
     ModelSpec,
+    PriceSpec,
     PrincipalSpec,
     ProviderBackend,
+    ProviderModelSpec,
     RoleSpec,
     dump_config,
     load_config,
@@ -308,6 +316,141 @@ ERRORS: list[tuple[str, Mutation, str]] = [
         _set("principals[0].model_limits", {"a b": {"requests_per_minute": 1}}),
         'principals[0].model_limits."a b": model name must be 1-200 characters',
     ),
+    # --- prices ---
+    ("price not table", _set("models[0].price", 0.15), "models[0].price: must be a table such as"),
+    (
+        "price missing output",
+        _set("models[0].price", {"input": 0.15}),
+        "models[0].price.output: is required",
+    ),
+    (
+        "pm price missing input",
+        _set("provider_models[1].price", {"output": 0.6}),
+        "provider_models[1].price.input: is required",
+    ),
+    (
+        "negative price",
+        _set("models[0].price", {"input": -0.01, "output": 0.6}),
+        "models[0].price.input: must be a non-negative number (currency units per million tokens)",
+    ),
+    (
+        "nan price",
+        _set("provider_models[0].price", {"input": 0.1, "output": math.nan}),
+        "provider_models[0].price.output: must be a non-negative number",
+    ),
+    (
+        "inf cached price",
+        _set("models[0].price", {"input": 0.1, "output": 0.2, "cached_input": math.inf}),
+        "models[0].price.cached_input: must be a non-negative number",
+    ),
+    (
+        "negative cached price",
+        _set("models[0].price", {"input": 0.1, "output": 0.2, "cached_input": -1}),
+        "models[0].price.cached_input: must be a non-negative number",
+    ),
+    (
+        "price too large",
+        _set("models[0].price", {"input": MAX_PRICE + 0.5, "output": 0.6}),
+        "models[0].price.input: must be at most 1000000",
+    ),
+    (
+        "bool price",
+        _set("models[0].price", {"input": True, "output": 0.6}),
+        "models[0].price.input: must be a non-negative number",
+    ),
+    (
+        "string price",
+        _set("provider_models[1].price", {"input": 0.1, "output": "0.6"}),
+        "provider_models[1].price.output: must be a non-negative number",
+    ),
+    (
+        "unknown price field",
+        _set("models[0].price", {"input": 0.1, "output": 0.2, "cached": 0.05}),
+        "models[0].price.cached: unknown field (expected one of: cached_input, input, output)",
+    ),
+    # --- budgets ---
+    ("budget not table", _set("principals[0].budget", 100), "principals[0].budget: must be a table such as"),
+    (
+        "budget unknown period",
+        _set("principals[0].budget", {"period": "week", "tokens": 1}),
+        'principals[0].budget.period: must be "day", "month", or a fixed window such as "6h" or "7d"',
+    ),
+    (
+        "budget zero period",
+        _set("principals[0].budget", {"period": "0h", "tokens": 1}),
+        'principals[0].budget.period: must be "day", "month"',
+    ),
+    (
+        "budget period too short",
+        _set("principals[0].budget", {"period": "30s", "tokens": 1}),
+        "principals[0].budget.period: a fixed window must be at least 60 seconds long",
+    ),
+    (
+        "budget period not string",
+        _set("principals[0].budget", {"period": 30, "cost": 1.0}),
+        'principals[0].budget.period: must be "day", "month"',
+    ),
+    (
+        "budget without limits",
+        _set("principals[0].budget", {"period": "day"}),
+        "principals[0].budget: needs tokens, cost, or both",
+    ),
+    ("budget empty", _set("principals[0].budget", {}), "principals[0].budget: needs tokens, cost, or both"),
+    (
+        "budget zero cost",
+        _set("principals[0].budget", {"cost": 0}),
+        "principals[0].budget.cost: must be a positive number (currency units)",
+    ),
+    (
+        "budget negative cost",
+        _set("principals[0].budget", {"cost": -5.0}),
+        "principals[0].budget.cost: must be a positive number",
+    ),
+    (
+        "budget bool cost",
+        _set("principals[0].budget", {"cost": True}),
+        "principals[0].budget.cost: must be a positive number",
+    ),
+    (
+        "budget nan cost",
+        _set("principals[0].budget", {"cost": math.nan}),
+        "principals[0].budget.cost: must be a positive number",
+    ),
+    (
+        "budget string cost",
+        _set("principals[0].budget", {"cost": "50"}),
+        "principals[0].budget.cost: must be a positive number",
+    ),
+    (
+        "budget cost too large",
+        _set("principals[0].budget", {"cost": MAX_BUDGET_COST + 1}),
+        "principals[0].budget.cost: must be at most 1000000000",
+    ),
+    (
+        "budget zero tokens",
+        _set("principals[0].budget", {"tokens": 0}),
+        "principals[0].budget.tokens: must be a positive integer",
+    ),
+    (
+        "budget fractional tokens",
+        _set("principals[0].budget", {"tokens": 1.5}),
+        "principals[0].budget.tokens: must be a positive integer",
+    ),
+    (
+        "budget bool tokens",
+        _set("principals[0].budget", {"tokens": True}),
+        "principals[0].budget.tokens: must be a positive integer",
+    ),
+    (
+        "budget tokens too large",
+        _set("principals[0].budget", {"tokens": MAX_LIMIT + 1}),
+        "principals[0].budget.tokens: must be at most 1000000000000",
+    ),
+    (
+        "budget unknown field",
+        _set("principals[0].budget", {"tokens": 1, "requests": 5}),
+        "principals[0].budget.requests: unknown field (expected one of: cost, period, tokens)",
+    ),
 ]
 
 
@@ -354,6 +497,67 @@ def test_limits(path: str, value: dict[str, Any], expected: PrincipalSpec | KeyS
     _set(path, value)(data)
     doc = parse_config(data, "cfg.toml")
     assert (doc.principals[0] if isinstance(expected, PrincipalSpec) else doc.keys[0]) == expected
+
+
+def test_prices_and_budgets_parse_with_defaults() -> None:
+    data = copy.deepcopy(BASE)
+    data["provider_models"][0]["price"] = {"input": 1, "output": 2}
+    data["models"][0]["price"] = {"input": 0.15, "output": 0.6, "cached_input": 0.075}
+    data["principals"][0]["budget"] = {"tokens": 1_000_000}
+    data["principals"].append({"name": "bob", "budget": {"period": "7d", "cost": 50}})
+    data["principals"].append({"name": "carol", "budget": {"period": "day", "tokens": 5, "cost": 0.5}})
+    doc = parse_config(data, "cfg.toml")
+    assert [pm.price for pm in doc.provider_models] == [PriceSpec(1.0, 2.0, None), None]
+    assert doc.models[0].price == PriceSpec(0.15, 0.6, 0.075)
+    assert [pr.budget for pr in doc.principals] == [
+        BudgetSpec("month", 1_000_000, None),  # the period defaults to a calendar month
+        BudgetSpec("7d", None, 50.0),
+        BudgetSpec("day", 5, 0.5),
+    ]
+    # Integers in the file become floats (prices, costs); tokens stay integers.
+    pm_price = doc.provider_models[0].price
+    assert pm_price is not None and type(pm_price.input) is float and type(pm_price.output) is float
+    bob_budget = doc.principals[1].budget
+    assert bob_budget is not None and type(bob_budget.cost) is float
+    # Without a price or budget, nothing is set.
+    assert parse_config(BASE, "base").models[0].price is None
+    assert parse_config(BASE, "base").principals[0].budget is None
+
+
+def test_price_as_list_resolves_the_cached_price() -> None:
+    assert PriceSpec(0.15, 0.6).as_list() == [0.15, 0.6, 0.15]
+    assert PriceSpec(0.15, 0.6, 0.075).as_list() == [0.15, 0.6, 0.075]
+    assert PriceSpec(0.15, 0.6, 0.0).as_list() == [0.15, 0.6, 0.0]  # free cached tokens are not "unset"
+
+
+def test_price_and_budget_bounds_are_inclusive() -> None:
+    data = copy.deepcopy(BASE)
+    data["models"][0]["price"] = {"input": 0, "output": MAX_PRICE, "cached_input": 0.0}
+    data["principals"][0]["budget"] = {"period": "60s", "tokens": MAX_LIMIT, "cost": MAX_BUDGET_COST}
+    doc = parse_config(data, "cfg.toml")
+    assert doc.models[0].price == PriceSpec(0.0, 1_000_000.0, 0.0)
+    assert doc.principals[0].budget == BudgetSpec("60s", 10**12, 1e9)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "place"),
+    [
+        # The provider model is dropped but stays declared: the chain naming it is not reported too.
+        ("provider_models[1].price", {"input": -1, "output": 1}, "provider_models[1].price.input"),
+        # The model is dropped but its name and aliases stay declared for the model limits naming them.
+        ("models[0].price", {"input": 1}, "models[0].price.output"),
+        # The principal is dropped but stays declared for the key naming it.
+        ("principals[0].budget", {"period": "week", "tokens": 1}, "principals[0].budget.period"),
+    ],
+)
+def test_bad_price_or_budget_is_reported_once(path: str, value: dict[str, Any], place: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["principals"][0]["model_limits"] = {"gpt-4o-mini": {"requests_per_minute": 1}}
+    _set(path, value)(data)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.toml")
+    assert info.value.param == place
+    assert len(info.value.message.splitlines()) == 1, info.value.message
 
 
 def test_every_problem_is_reported_and_first_place_is_param() -> None:
@@ -432,4 +636,32 @@ def test_dump_then_parse_round_trips() -> None:
     )
     text = dump_config(doc, "header line\nsecond")
     assert text.startswith("# header line\n# second\n")
+    assert parse_config(tomllib.loads(text), "dumped") == doc
+
+
+def test_dump_then_parse_round_trips_prices_and_budgets() -> None:
+    data = copy.deepcopy(BASE)
+    data["principals"].append({"name": "bob"})
+    base = parse_config(data, "base")
+    llama, qwen = base.provider_models
+    doc = ConfigDoc(
+        backends=base.backends,
+        provider_models=(
+            ProviderModelSpec(llama.name, llama.backends, PriceSpec(1e-07, MAX_PRICE, 0.0)),
+            ProviderModelSpec(qwen.name, qwen.backends, PriceSpec(0.1 + 0.2, 3.0)),
+        ),
+        models=(replace(base.models[0], price=PriceSpec(0.15, 0.6, 0.075)),),
+        roles=base.roles,
+        principals=(
+            replace(base.principals[0], budget=BudgetSpec("month", 1_000_000)),
+            PrincipalSpec("bob", (), LimitsSpec(5), (), BudgetSpec("90s", 7, 0.1 + 0.2)),
+        ),
+        keys=base.keys,
+    )
+    text = dump_config(doc)
+    lines = text.splitlines()
+    assert "price = { input = 0.15, output = 0.6, cached_input = 0.075 }" in lines
+    assert "price = { input = 0.30000000000000004, output = 3.0 }" in lines  # no cached_input: unset
+    assert 'budget = { period = "month", tokens = 1000000 }' in lines
+    assert 'budget = { period = "90s", tokens = 7, cost = 0.30000000000000004 }' in lines
     assert parse_config(tomllib.loads(text), "dumped") == doc

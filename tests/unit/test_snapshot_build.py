@@ -12,8 +12,17 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gateway.budget import NANOS, Budget, Price
 from gateway.config import Settings
-from gateway.controlplane.configfile import KeySpec, LimitsSpec, PrincipalSpec, parse_config
+from gateway.controlplane.configfile import (
+    BudgetSpec,
+    ConfigDoc,
+    KeySpec,
+    LimitsSpec,
+    PriceSpec,
+    PrincipalSpec,
+    parse_config,
+)
 from gateway.controlplane.snapshot_build import MAX_LOGGED, build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.keys import hash_secret
@@ -327,3 +336,153 @@ def test_ten_thousand_keys(store: Store) -> None:
         entry = snap.keys[_digest(f"sk-gw-bulk-secret-{i:08d}")]
         assert entry.principal.name == f"p{i % 100}"
     assert all(p.models == frozenset({"chat", "gpt-4o-mini", "default"}) for p in snap.principals.values())
+
+
+# --- prices and budgets -------------------------------------------------------------------------------
+
+
+def _priced(doc: ConfigDoc) -> ConfigDoc:
+    """``doc`` with llama-8b and chat priced (chat without a cached price) and budgets for alice and bob."""
+    llama, qwen = doc.provider_models
+    chat, small = doc.models
+    alice, bob, *others = doc.principals
+    return replace(
+        doc,
+        provider_models=(replace(llama, price=PriceSpec(1.0, 2.0, 0.5)), qwen),
+        models=(replace(chat, price=PriceSpec(0.15, 0.6)), small),
+        principals=(
+            replace(alice, budget=BudgetSpec("month", 1_000_000, 50.0)),
+            replace(bob, budget=BudgetSpec("6h", 5000)),
+            *others,
+        ),
+    )
+
+
+PRICED = _priced(DOC)
+
+
+@pytest.fixture
+def priced(store: Store) -> Store:
+    store.apply_config(PRICED, hash_key=HASH_KEY, environ={"B_KEY": "kb"})
+    return store
+
+
+def test_prices_in_the_routes(priced: Store) -> None:
+    doc = build_snapshot_doc(priced)
+    assert doc["skipped"] == 0
+    assert {name: route.get("price") for name, route in doc["routes"].items()} == {
+        # A frontend model's price, its cached price defaulting to its input price, on it and its aliases;
+        # not the price of the provider models in its chain.
+        "chat": [0.15, 0.6, 0.15],
+        "gpt-4o-mini": [0.15, 0.6, 0.15],
+        "default": [0.15, 0.6, 0.15],
+        "llama-8b": [1.0, 2.0, 0.5],
+        "qwen": None,
+        "small": None,
+    }
+    assert "price" not in doc["routes"]["small"]
+    snap = Snapshot.decode(orjson.dumps(doc), generation=1)
+    for name in ("chat", "gpt-4o-mini", "default"):
+        assert snap.routes[name].price == Price(150.0, 600.0, 150.0)
+    assert snap.routes["llama-8b"].price == Price(1000.0, 2000.0, 500.0)
+    assert (snap.routes["qwen"].price, snap.routes["small"].price) == (None, None)
+    chat_price = snap.routes["gpt-4o-mini"].price
+    assert chat_price is not None and chat_price.cost(10, 0, 0) == 1500
+
+
+def test_budgets_in_the_principals(priced: Store) -> None:
+    doc = build_snapshot_doc(priced)
+    by_name = {p["name"]: p for p in doc["principals"].values()}
+    assert by_name["alice"]["budget"] == {"period": "month", "tokens": 1_000_000, "cost": 50.0}
+    assert by_name["bob"]["budget"] == {"period": "6h", "tokens": 5000}
+    assert [name for name, p in by_name.items() if "budget" in p] == ["alice", "bob"]
+    # The budget sits beside the limits, which are unchanged.
+    assert by_name["alice"]["limits"] == {"rpm": 100, "tpm": 20000, "concurrency": 8}
+    assert by_name["bob"]["model_limits"] == {"llama-8b": {"concurrency": 1}}
+
+    snap = Snapshot.decode(orjson.dumps(doc), generation=1)
+    ids = {p.name: p.id for p in priced.principals()}
+    alice, bob = snap.principals[ids["alice"]], snap.principals[ids["bob"]]
+    assert alice.budget == Budget(ids["alice"], "month", 1_000_000, 50 * NANOS)
+    assert bob.budget == Budget(ids["bob"], "6h", 5000, None)
+    assert snap.principals[ids["ops"]].budget is None
+    # A key reaches its principal's budget.
+    assert snap.keys[_digest(ALICE_SECRET)].principal.budget is alice.budget
+
+
+def test_reapplying_without_prices_and_budgets_drops_them(priced: Store) -> None:
+    priced.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"})
+    doc = build_snapshot_doc(priced)
+    assert [name for name, route in doc["routes"].items() if "price" in route] == []
+    assert [p["name"] for p in doc["principals"].values() if "budget" in p] == []
+
+
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        ("UPDATE principals SET budget_period = 'week'", "unreadable budget period 'week'"),
+        ("UPDATE principals SET budget_period = '30s'", "unreadable budget period '30s'"),
+        ("UPDATE principals SET budget_tokens = 'lots'", "unreadable budget tokens 'lots'"),
+        ("UPDATE principals SET budget_tokens = 2.5", "unreadable budget tokens 2.5"),
+        ("UPDATE principals SET budget_tokens = 10000000000000", "unreadable budget tokens 10000000000000"),
+        ("UPDATE principals SET budget_cost = 'x'", "unreadable budget cost 'x'"),
+        ("UPDATE principals SET budget_cost = 1e300", "unreadable budget cost 1e+300"),
+        ("UPDATE principals SET budget_tokens = NULL, budget_cost = NULL", "a budget without tokens or cost"),
+    ],
+)
+def test_principal_with_unreadable_budget_is_left_out(
+    priced: Store, settings: Settings, caplog: pytest.LogCaptureFixture, sql: str, why: str
+) -> None:
+    ids = {p.name: p.id for p in priced.principals()}  # before the damage: principals() reads budgets too
+    with _raw(settings) as conn:
+        conn.execute(f"{sql} WHERE name = 'alice'")
+    with caplog.at_level(logging.WARNING, logger="gateway.snapshot"):
+        snap = _snapshot(priced)
+    # Fail closed, as for unreadable limits: alice, her role and her key are skipped (her model limits
+    # were taken before her budget was read, so they are dropped with her without being counted).
+    assert snap.skipped == 3
+    messages = [r.getMessage() for r in caplog.records if r.name == "gateway.snapshot"]
+    assert messages[0] == f"snapshot build: skipping principal {ids['alice']!r}: {why}"
+    assert len(messages) == 3
+    assert "alice" not in {p.name for p in snap.principals.values()}
+    assert _digest(ALICE_SECRET) not in snap.keys
+    assert len(snap.principals) == 5
+    # Bob's budget is unaffected.
+    assert snap.principals[ids["bob"]].budget == Budget(ids["bob"], "6h", 5000, None)
+
+
+@pytest.mark.parametrize(
+    ("sql", "unpriced"),
+    [
+        ("UPDATE models SET price_input = 'x' WHERE name = 'chat'", {"chat", "gpt-4o-mini", "default"}),
+        ("UPDATE models SET price_output = NULL WHERE name = 'chat'", {"chat", "gpt-4o-mini", "default"}),
+        ("UPDATE models SET price_output = -1 WHERE name = 'chat'", {"chat", "gpt-4o-mini", "default"}),
+        ("UPDATE models SET price_output = 1e7 WHERE name = 'chat'", {"chat", "gpt-4o-mini", "default"}),
+        (
+            "UPDATE models SET price_cached_input = 'y' WHERE name = 'chat'",
+            {"chat", "gpt-4o-mini", "default"},
+        ),
+        ("UPDATE provider_models SET price_cached_input = -0.5 WHERE name = 'llama-8b'", {"llama-8b"}),
+    ],
+)
+def test_unreadable_price_is_skipped_and_the_route_kept(
+    priced: Store, settings: Settings, caplog: pytest.LogCaptureFixture, sql: str, unpriced: set[str]
+) -> None:
+    good = _snapshot(priced)
+    with _raw(settings) as conn:
+        conn.execute(sql)
+    with caplog.at_level(logging.WARNING, logger="gateway.snapshot"):
+        snap = _snapshot(priced)
+    assert snap.skipped == 1
+    (record,) = [r for r in caplog.records if r.name == "gateway.snapshot"]
+    (name,) = {"chat", "llama-8b"} & unpriced
+    assert record.getMessage().startswith(
+        f"snapshot build: skipping price of model {name!r}: unreadable price"
+    )
+    # Every route is still there with its targets; only the unreadable price is gone.
+    assert set(snap.routes) == set(good.routes)
+    assert all(snap.routes[n].targets == good.routes[n].targets for n in good.routes)
+    assert {n for n, r in snap.routes.items() if r.price is None} == unpriced | {"qwen", "small"}
+    assert all(snap.routes[n].price == good.routes[n].price for n in set(good.routes) - unpriced)
+    # The principals are untouched.
+    assert {p.name for p in snap.principals.values()} == {p.name for p in good.principals.values()}

@@ -151,18 +151,23 @@ def _price_from(values: Sequence[Any]) -> PriceSpec | None:
 
 
 def _budget_params(spec: BudgetSpec | None) -> tuple[Param, Param, Param]:
-    if spec is None:
+    if spec is None or (spec.tokens is None and spec.cost is None):  # a budget of nothing is no budget
         return None, None, None
     return spec.period, spec.tokens, spec.cost
 
 
 def _budget_from(values: Sequence[Any]) -> BudgetSpec | None:
+    """The inverse of ``_budget_params`` for the three budget columns of a row."""
     period, tokens, cost = values
     if period is None or (tokens is None and cost is None):
         return None
-    return BudgetSpec(
-        str(period), None if tokens is None else int(tokens), None if cost is None else float(cost)
-    )
+    if (
+        not isinstance(period, str)
+        or (tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)))
+        or (cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool)))
+    ):  # only a hand-edited row can hold one
+        raise StoreError(f"unreadable budget {tuple(values)!r} in the store")
+    return BudgetSpec(period, tokens, None if cost is None else float(cost))
 
 
 def _bump_revision(tx: Transaction) -> int:
