@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a target needs, only when missing (CI starts from a machine with none).
-#   system-deps.sh test    what `make test` drives for real
+#   system-deps.sh test    what `make test` drives for real (git, PostgreSQL)
 #   system-deps.sh bench   what `make bench` drives (nginx as mock upstream and reference proxy, wrk)
 set -euo pipefail
 want=()
@@ -8,6 +8,8 @@ need() { command -v "$1" >/dev/null 2>&1 || [ -x "$2" ] || want+=("$3"); }
 case "${1:-test}" in
     test)
         need git /usr/bin/git git
+        # The server binaries live outside PATH on Debian (/usr/lib/postgresql/N/bin); any N will do.
+        ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || want+=(postgresql)
         ;;
     bench)
         need nginx /usr/sbin/nginx nginx-light

@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.processes"]
+pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres"]

@@ -163,8 +163,8 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
         (("keys", "list", "--principal", "nobody"), {}, "no principal named 'nobody'"),
         (
             ("principals", "list"),
-            {"GATEWAY_DATABASE": "postgresql://u@h/db"},
-            "PostgreSQL is not supported yet",
+            {"GATEWAY_DATABASE": "postgresql://gateway:pw@127.0.0.1:1/db"},
+            "cannot connect to PostgreSQL at postgresql://gateway:***@127.0.0.1:1/db",
         ),
         (("apply", "/nonexistent.toml"), {}, "/nonexistent.toml: cannot read"),
     ],

@@ -1,4 +1,7 @@
-"""The SQLite store: migrations, declarative apply, revision bumps, key create/revoke/list/expiry."""
+"""The store on both drivers: migrations, declarative apply, revision bumps, key create/revoke/list/expiry.
+
+Tests taking the ``settings`` or ``store`` fixture run once on SQLite and once on a throwaway PostgreSQL
+database; those about one driver's own behaviour say so with ``sqlite_only``."""
 
 from __future__ import annotations
 
@@ -9,13 +12,16 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gateway.config import Settings
 from gateway.controlplane.configfile import (
+    BudgetSpec,
     ConfigDoc,
     KeySpec,
     LimitsSpec,
+    PriceSpec,
     PrincipalSpec,
     RoleSpec,
     parse_config,
@@ -77,9 +83,34 @@ DOC = parse_config(
 ENV = {"B_KEY": "secret-b"}
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+@pytest.fixture(params=["sqlite", "postgres"])
+def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    if request.param == "postgres":
+        return Settings(data_dir=tmp_path / "data", database=request.getfixturevalue("postgres_url"))
     return Settings(data_dir=tmp_path / "data")
+
+
+def sqlite_only(settings: Settings) -> None:
+    if settings.database is not None:
+        pytest.skip("about SQLite itself")
+
+
+class _PgRaw:
+    """A raw PostgreSQL connection that reads like sqlite3's: ``?`` placeholders, commit on success."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url)
+
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> psycopg.Cursor[tuple[object, ...]]:
+        return self.conn.execute(sql.replace("?", "%s"), params)  # type: ignore[arg-type]
+
+    def __enter__(self) -> _PgRaw:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.conn.commit()
+        self.conn.close()
 
 
 @pytest.fixture
@@ -88,7 +119,10 @@ def store(settings: Settings) -> Iterator[Store]:
         yield s
 
 
-def _raw(settings: Settings) -> sqlite3.Connection:
+def _raw(settings: Settings) -> sqlite3.Connection | _PgRaw:
+    """A connection of the store's own driver, for looking at (and breaking) rows directly."""
+    if settings.database is not None:
+        return _PgRaw(settings.database)
     return sqlite3.connect(settings.sqlite_path)
 
 
@@ -100,6 +134,7 @@ def _apply(store: Store, doc: ConfigDoc = DOC) -> int:
 
 
 def test_open_creates_data_dir_wal_and_records_migrations(settings: Settings) -> None:
+    sqlite_only(settings)
     with open_store(settings) as store:
         assert store.revision() == 0
     assert settings.sqlite_path.is_file()
@@ -110,7 +145,16 @@ def test_open_creates_data_dir_wal_and_records_migrations(settings: Settings) ->
     assert versions[0] == 1
 
 
+def test_migrations_are_recorded(settings: Settings) -> None:
+    with open_store(settings):
+        pass
+    with _raw(settings) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+    assert versions == [m.version for m in available_migrations()]
+
+
 def test_reopening_applies_nothing_twice(settings: Settings) -> None:
+    sqlite_only(settings)
     open_store(settings).close()
     driver = SqliteDriver(settings.sqlite_path)
     try:
@@ -143,8 +187,6 @@ def test_split_statements_drops_comments_and_blank_lines() -> None:
 @pytest.mark.parametrize(
     ("database", "message"),
     [
-        ("postgresql://u@h/db", "PostgreSQL is not supported yet"),
-        ("postgres://u@h/db", "PostgreSQL is not supported yet"),
         ("mysql://h/db", "unsupported database URL"),
         ("sqlite:///", "unsupported database URL"),
     ],
@@ -162,6 +204,7 @@ def test_explicit_sqlite_url(tmp_path: Path) -> None:
 
 
 def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Settings) -> None:
+    sqlite_only(settings)
     settings.sqlite_path.parent.mkdir(parents=True)
     driver = SqliteDriver(settings.sqlite_path)
     try:
@@ -203,15 +246,20 @@ def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Sett
         "UPDATE api_keys SET limit_tpm = -1",
         "INSERT INTO principal_model_limits (principal_id, model, limit_concurrency) "
         "SELECT id, 'chat', 0 FROM principals WHERE name = 'ops'",
+        "UPDATE principals SET budget_tokens = 0",
+        "UPDATE principals SET budget_cost = -1.5",
+        "UPDATE principals SET budget_cost = 0",
     ],
 )
 def test_schema_refuses_non_positive_limits(store: Store, settings: Settings, sql: str) -> None:
     _apply(store)
-    with _raw(settings) as conn, pytest.raises(sqlite3.IntegrityError, match="CHECK constraint"):
+    refused = (sqlite3.IntegrityError, psycopg.errors.CheckViolation)
+    with _raw(settings) as conn, pytest.raises(refused, match=r"(?i)check constraint"):
         conn.execute(sql)
 
 
 def test_unreadable_limit_is_a_store_error(store: Store, settings: Settings) -> None:
+    sqlite_only(settings)  # PostgreSQL's column types refuse such a row in the first place
     _apply(store)
     with _raw(settings) as conn:  # text passes SQLite's CHECK (limit_rpm > 0): text sorts above numbers
         conn.execute("UPDATE principals SET limit_rpm = 'many' WHERE name = 'ops'")
@@ -326,6 +374,111 @@ def test_apply_sets_replaces_and_clears_limits(store: Store, settings: Settings)
         assert conn.execute("SELECT COUNT(*) FROM principal_model_limits").fetchone()[0] == 0
 
 
+PRICED = replace(
+    DOC,
+    provider_models=(
+        replace(DOC.provider_models[0], price=PriceSpec(1.0, 2.0, 0.25)),
+        replace(DOC.provider_models[1], price=PriceSpec(0.0, 0.0)),  # free, which is not unpriced
+    ),
+    models=(replace(DOC.models[0], price=PriceSpec(0.15, 0.6)),),
+    principals=(
+        replace(DOC.principals[0], budget=BudgetSpec("month", 1_000_000, 50.5)),
+        replace(DOC.principals[1], budget=BudgetSpec("7d", None, 0.1 + 0.2)),
+    ),
+)
+
+
+def _prices(doc: ConfigDoc) -> dict[str, PriceSpec | None]:
+    prices = {pm.name: pm.price for pm in doc.provider_models}
+    return prices | {m.name: m.price for m in doc.models}
+
+
+def test_apply_stores_prices_and_budgets(store: Store, settings: Settings) -> None:
+    _apply(store, PRICED)
+    doc = store.config_doc()
+    assert _prices(doc) == {
+        "llama": PriceSpec(1.0, 2.0, 0.25),
+        "qwen": PriceSpec(0.0, 0.0, None),
+        "chat": PriceSpec(0.15, 0.6, None),  # no cached price stays unset, not defaulted to the input one
+    }
+    assert {p.name: p.budget for p in doc.principals} == {
+        "alice": BudgetSpec("month", 1_000_000, 50.5),
+        "ops": BudgetSpec("7d", None, 0.30000000000000004),
+    }
+    # Everything else round-trips as before.
+    assert doc == replace(
+        PRICED,
+        roles=(RoleSpec("admin", ("key:create", "model/*")), RoleSpec("user", ("model/chat",))),
+        keys=(KeySpec("alice-dev", "alice", None, None, LimitsSpec(concurrent_requests=3)),),
+    )
+    assert {p.name: p.budget for p in store.principals()} == {
+        "alice": BudgetSpec("month", 1_000_000, 50.5),
+        "ops": BudgetSpec("7d", None, 0.30000000000000004),
+    }
+    with _raw(settings) as conn:
+        rows = conn.execute(
+            "SELECT name, price_input, price_output, price_cached_input FROM models "
+            "UNION ALL SELECT name, price_input, price_output, price_cached_input FROM provider_models "
+            "ORDER BY 1"
+        ).fetchall()
+        budgets = conn.execute(
+            "SELECT name, budget_period, budget_tokens, budget_cost FROM principals ORDER BY name"
+        ).fetchall()
+    assert rows == [("chat", 0.15, 0.6, None), ("llama", 1.0, 2.0, 0.25), ("qwen", 0.0, 0.0, None)]
+    assert budgets == [("alice", "month", 1_000_000, 50.5), ("ops", "7d", None, 0.30000000000000004)]
+
+
+def test_apply_replaces_and_clears_prices_and_budgets(store: Store, settings: Settings) -> None:
+    _apply(store, PRICED)
+    ids = {p.name: p.id for p in store.principals()}
+    changed = replace(
+        PRICED,
+        provider_models=(DOC.provider_models[0], PRICED.provider_models[1]),
+        models=(replace(DOC.models[0], price=PriceSpec(0.2, 0.8, 0.1)),),
+        principals=(
+            replace(DOC.principals[0], budget=BudgetSpec("day", 10)),
+            DOC.principals[1],
+        ),
+    )
+    _apply(store, changed)
+    doc = store.config_doc()
+    assert _prices(doc) == {"llama": None, "qwen": PriceSpec(0.0, 0.0), "chat": PriceSpec(0.2, 0.8, 0.1)}
+    # The cost limit alice had before is gone, not kept beside the new token limit.
+    assert {p.name: p.budget for p in store.principals()} == {"alice": BudgetSpec("day", 10), "ops": None}
+    assert {p.name: p.id for p in store.principals()} == ids  # budgets change, ids do not
+    # Re-applying the document without any prices or budgets clears them all.
+    _apply(store)
+    doc = store.config_doc()
+    assert _prices(doc) == {"llama": None, "qwen": None, "chat": None}
+    assert [p.budget for p in doc.principals] == [None, None]
+    assert [p.budget for p in store.principals()] == [None, None]
+    with _raw(settings) as conn:
+        assert conn.execute(
+            "SELECT COUNT(*) FROM principals WHERE budget_period IS NOT NULL OR budget_tokens IS NOT NULL "
+            "OR budget_cost IS NOT NULL"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT COUNT(*) FROM models WHERE price_input IS NOT NULL OR price_output IS NOT NULL "
+            "OR price_cached_input IS NOT NULL"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT COUNT(*) FROM provider_models WHERE price_input IS NOT NULL "
+            "OR price_output IS NOT NULL OR price_cached_input IS NOT NULL"
+        ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    "sql", ["UPDATE principals SET budget_cost = 'x'", "UPDATE principals SET budget_tokens = 'lots'"]
+)
+def test_unreadable_budget_is_a_store_error(store: Store, settings: Settings, sql: str) -> None:
+    sqlite_only(settings)  # PostgreSQL's column types refuse such a row in the first place
+    _apply(store, PRICED)
+    with _raw(settings) as conn:  # text passes SQLite's CHECK (> 0): text sorts above numbers
+        conn.execute(f"{sql} WHERE name = 'ops'")
+    with pytest.raises(StoreError, match="unreadable budget"):
+        store.principals()
+
+
 def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> None:
     _apply(store)
     store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7))
@@ -394,7 +547,8 @@ def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> No
         (key_hash,) = conn.execute("SELECT key_hash FROM api_keys WHERE id = ?", (key_id,)).fetchone()
     assert all(secret not in map(str, row) for row in rows)
     assert key_hash == hash_secret(secret, HASH_KEY).hex()
-    assert secret.encode() not in settings.sqlite_path.read_bytes()
+    if settings.database is None:
+        assert secret.encode() not in settings.sqlite_path.read_bytes()
 
 
 @pytest.mark.parametrize(

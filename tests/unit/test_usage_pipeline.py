@@ -1,6 +1,6 @@
 """The usage pipeline without processes: records encode and decode, the store writes them exactly once,
 the control worker's sink drains rings into it and keeps budgets' base spend, and a worker's log keeps
-records in order when its ring is full."""
+records in order when its ring is full. Store-backed tests run on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -57,9 +57,10 @@ def rec(
     return UsageRecord(**fields)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with open_store(Settings(data_dir=tmp_path)) as s:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    database = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    with open_store(Settings(data_dir=tmp_path, database=database)) as s:
         yield s
 
 

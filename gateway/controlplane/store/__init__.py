@@ -1,8 +1,9 @@
 """The control plane's store: open it from ``Settings``, then read and write through ``Store``.
 
-``open_store`` picks the driver from ``Settings.database_url`` (SQLite today; PostgreSQL is a later
-addition behind the same ``Driver`` interface), creates the data directory and applies pending
-migrations. It does file and database I/O; the rest is in the private modules re-exported here.
+``open_store`` picks the driver from ``Settings.database_url`` (``sqlite:///PATH``, the default under the
+data directory, or ``postgresql://…``), creates the data directory and applies pending migrations; both
+drivers run the same migrations and the same SQL. It does file and database I/O; the rest is in the
+private modules re-exported here.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "Transaction",
     "apply_migrations",
     "available_migrations",
+    "is_postgres_url",
     "open_store",
     "sqlite_path_from_url",
 ]
@@ -35,23 +37,29 @@ __all__ = [
 _SQLITE_PREFIX = "sqlite:///"
 
 
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
 def sqlite_path_from_url(url: str) -> Path:
     """``sqlite:///relative/or//absolute/path`` -> the path; anything else is a ``ConfigError``."""
-    if url.startswith(("postgresql://", "postgres://")):
-        raise ConfigError(
-            "PostgreSQL is not supported yet by this build; unset GATEWAY_DATABASE / --database to use "
-            "the SQLite store under the data directory"
-        )
     if not url.startswith(_SQLITE_PREFIX) or len(url) == len(_SQLITE_PREFIX):
-        raise ConfigError(f"unsupported database URL {url!r}: expected sqlite:///PATH")
+        raise ConfigError(f"unsupported database URL {url!r}: expected sqlite:///PATH or postgresql://...")
     return Path(url[len(_SQLITE_PREFIX) :])
 
 
 def open_store(settings: Settings) -> Store:
     """Open (creating if needed) and migrate the store ``settings`` names."""
-    path = sqlite_path_from_url(settings.database_url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    driver = SqliteDriver(path)
+    url = settings.database_url
+    driver: Driver
+    if is_postgres_url(url):
+        from gateway.controlplane.store._postgres import PostgresDriver
+
+        driver = PostgresDriver(url)
+    else:
+        path = sqlite_path_from_url(url)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        driver = SqliteDriver(path)
     try:
         apply_migrations(driver)
     except BaseException:

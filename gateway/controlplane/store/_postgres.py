@@ -1,0 +1,139 @@
+"""The store's PostgreSQL driver, behind the same ``Driver`` interface as SQLite.
+
+A ``psycopg_pool.ConnectionPool`` of a few connections; each transaction borrows one. The portable SQL of
+the store uses ``?`` placeholders, rewritten here to psycopg's ``%s`` (the store's SQL holds no literal
+``?`` or ``%``). Write transactions first take one transaction-scoped advisory lock, so that writers
+serialise the way SQLite's ``BEGIN IMMEDIATE`` makes them (two control planes applying a config, or
+migrating, at once). Read transactions run at REPEATABLE READ, so that every query of one sees the same
+state, as ``Driver`` promises. This is the only module that touches psycopg: its exceptions become
+``StoreError`` (``StoreConflict`` for constraint violations) here.
+I/O: the database connections.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from gateway.controlplane.store._driver import Param, Transaction
+from gateway.controlplane.store._errors import StoreConflict, StoreError
+
+__all__ = ["PostgresDriver", "redact_url"]
+
+Row = tuple[Any, ...]
+# An arbitrary constant naming "the store's write lock" among the database's advisory locks.
+_WRITE_LOCK = 0x67617465776179  # "gateway"
+_PLACEHOLDER = re.compile(r"\?")
+
+
+def _sql(sql: str) -> str:
+    return _PLACEHOLDER.sub("%s", sql)
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def _map_error(exc: psycopg.Error) -> StoreError:
+    if isinstance(exc, psycopg.errors.IntegrityError):
+        return StoreConflict(f"store constraint violated: {exc}")
+    return StoreError(f"store error: {exc}".strip())
+
+
+class _PgTransaction:
+    __slots__ = ("_cur",)
+
+    def __init__(self, cur: psycopg.Cursor[Row]) -> None:
+        self._cur = cur
+
+    def execute(self, sql: str, params: Sequence[Param] = ()) -> int:
+        try:
+            self._cur.execute(_sql(sql), params)  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            raise _map_error(exc) from exc
+        return self._cur.rowcount
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Param]]) -> None:
+        batch = list(rows)
+        if not batch:
+            return
+        try:
+            self._cur.executemany(_sql(sql), batch)  # type: ignore[arg-type]
+        except psycopg.Error as exc:
+            raise _map_error(exc) from exc
+
+    def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]:
+        try:
+            self._cur.execute(_sql(sql), params)  # type: ignore[arg-type]
+            return self._cur.fetchall()
+        except psycopg.Error as exc:
+            raise _map_error(exc) from exc
+
+
+class PostgresDriver:
+    """A small pool of connections to one PostgreSQL database."""
+
+    def __init__(self, url: str, *, max_size: int = 4, timeout: float = 10.0) -> None:
+        self.url = url
+        self._timeout = timeout
+        try:
+            # One plain connection first: a refused or misaddressed server fails at once with its own
+            # message, where the pool would retry until its timeout.
+            psycopg.connect(url, connect_timeout=max(1, int(timeout))).close()
+            self._pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max_size,
+                timeout=timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+                open=False,
+            )
+            self._pool.open(wait=True, timeout=timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreError(f"cannot connect to PostgreSQL at {redact_url(url)}: {exc}") from exc
+
+    @contextmanager
+    def transaction(self, *, write: bool) -> Iterator[Transaction]:
+        try:
+            conn = self._pool.getconn(timeout=self._timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {exc}") from exc
+        try:
+            with conn.cursor() as cur:
+                try:
+                    if write:
+                        cur.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_WRITE_LOCK,))
+                    else:
+                        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                except psycopg.Error as exc:
+                    raise _map_error(exc) from exc
+                try:
+                    yield _PgTransaction(cur)
+                except BaseException:
+                    _rollback(conn)
+                    raise
+                try:
+                    cur.execute("COMMIT")
+                except psycopg.Error as exc:
+                    _rollback(conn)
+                    raise _map_error(exc) from exc
+        finally:
+            # The pool checks what it gets back: a connection left broken is discarded and replaced.
+            self._pool.putconn(conn)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _rollback(conn: psycopg.Connection[Any]) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except psycopg.Error:
+        pass  # the connection is gone; the pool discards it
