@@ -12,6 +12,7 @@ I/O: the listening socket.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -43,6 +44,11 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
     accounting = Accounting(Limiter(table, holdings), BudgetGuard(table, shared.epoch), usage)
     app = ProxyApp(settings, hash_key, SnapshotReader(shared.snapshot), accounting)
+    # Everything alive now (modules, the app, what the fork inherited) lives as long as the worker: move it
+    # out of the collector's sight, so that full collections walk only what requests allocate. Measured:
+    # without this, full collections cost about a fifth of a small request's throughput.
+    gc.collect()
+    gc.freeze()
     asyncio.run(_serve(settings, app, usage))
     return 0
 
