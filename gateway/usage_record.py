@@ -17,6 +17,7 @@ __all__ = [
     "decode_record",
     "encode_fields",
     "encode_record",
+    "record_from_values",
     "to_signed64",
     "to_unsigned64",
 ]
@@ -87,6 +88,11 @@ def decode_record(data: bytes) -> UsageRecord:
         values = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise ValueError(f"not a usage record: {exc}") from None
+    return record_from_values(values)
+
+
+def record_from_values(values: Any) -> UsageRecord:
+    """The record of an already decoded JSON array (``[version, *fields]``); ValueError otherwise."""
     if type(values) is not list or len(values) != len(_TYPES) + 1 or values[0] != VERSION:
         raise ValueError(f"not a usage record of version {VERSION} with {len(_TYPES)} fields")
     fields = values[1:]

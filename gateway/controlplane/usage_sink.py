@@ -80,12 +80,17 @@ class UsageSink:
                     log.error("dropping an unreadable usage record from ring %d: %s", index, exc)
         if not taken:
             return 0
-        new = self.store.usage.insert(records, self._folds)
+        self.write(records)
         for index, n in taken:
             ring.advance(index, n)
+        return sum(n for _, n in taken)
+
+    def write(self, records: list[UsageRecord]) -> None:
+        """Write records (from the rings, or from a proxy-role host) once each, and fold the new ones that
+        the live counters do not hold into their budgets' base. Raises StoreError."""
+        new = self.store.usage.insert(records, self._folds)
         self.written += len(records)
         self._fold(new)
-        return sum(n for _, n in taken)
 
     def pending(self) -> int:
         return sum(self.ring.pending(i) for i in range(self.ring.rings))

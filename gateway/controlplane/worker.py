@@ -7,7 +7,9 @@ config file is logged and the current snapshot kept: a reload never takes the da
 ``usage_drain_interval`` it drains the usage rings into the store and keeps the budgets' base spend
 current (``UsageSink``); a database that is down only delays that, the rings and the workers' backlogs
 hold the records meanwhile. On SIGTERM (which the supervisor sends after the proxies have stopped) it
-drains the rings one last time.
+drains the rings one last time. With an admin port (``--admin-port``, always with ``--role control``) it
+also serves the cluster API to proxy-role hosts (``cluster_api``): the snapshot it built, and their usage
+records, which go through the same sink as the local rings' so that budgets count them.
 I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the shared segments.
 """
 
@@ -15,13 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
 
 import orjson
+from granian.constants import Interfaces
+from granian.server.embed import Server
 
 from gateway.config import Settings
+from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store
@@ -30,6 +36,7 @@ from gateway.errors import GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import PublishRefused, SnapshotPublisher
+from gateway.usage_record import UsageRecord
 
 __all__ = ["ControlWorker", "run_control_worker"]
 
@@ -52,6 +59,7 @@ class ControlWorker:
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._store_failing = False
+        self._current: tuple[int, bytes] | None = None  # (revision, document) last built
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -66,6 +74,7 @@ class ControlWorker:
             self.shared.epoch,
             refresh_interval=settings.budget_refresh_interval,
         )
+        server = self._start_admin_server()
         next_poll = 0.0
         try:
             while not self._stop.is_set():
@@ -79,8 +88,34 @@ class ControlWorker:
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
             self.final_drain()
         finally:
+            if server is not None:
+                server[0].stop()  # type: ignore[no-untyped-call]
+                await asyncio.wait([server[1]], timeout=5)
             store.close()
         return 0
+
+    def _start_admin_server(self) -> tuple[Server, asyncio.Task[None]] | None:
+        settings = self.settings
+        if settings.admin_port is None:
+            return None
+        app = ClusterApp(self, os.environ.get("GATEWAY_CLUSTER_TOKEN") or None)
+        server = Server(
+            app,
+            address=settings.admin_host,
+            port=settings.admin_port,
+            interface=Interfaces.RSGI,
+            log_enabled=False,
+        )
+        log.info("admin port on http://%s:%d", settings.admin_host, settings.admin_port)
+        return server, asyncio.get_running_loop().create_task(server.serve())
+
+    # -- what the cluster API asks of the control worker ------------------------------------------------
+    def current_snapshot(self) -> tuple[int, bytes] | None:
+        return self._current
+
+    def store_usage(self, records: list[UsageRecord]) -> None:
+        assert self.sink is not None
+        self.sink.write(records)
 
     def account(self) -> None:
         """Drain the usage rings, then fold window rollovers and refreshes into the budgets."""
@@ -147,6 +182,7 @@ class ControlWorker:
         except PublishRefused as exc:
             log.error("snapshot not published: %s", exc)
             return False
+        self._current = (int(doc["revision"]), blob)
         if self.sink is not None:
             self.sink.set_budgets(doc["principals"])
         log.info(

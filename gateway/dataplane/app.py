@@ -25,7 +25,7 @@ from gateway.dataplane.upstream import HOP_BY_HOP, make_client
 from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
 from gateway.keys import hash_secret
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
-from gateway.shm.snapshot_slot import SnapshotReader
+from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
 from gateway.snapshot import KeyEntry, Snapshot
 
 __all__ = ["ProxyApp"]
@@ -117,7 +117,7 @@ class ProxyApp:
                 "status": "ok" if snap.generation else "starting",
                 "generation": snap.generation,
                 "revision": snap.revision,
-                "control_plane": "ok",
+                "control_plane": self.control_plane_state(),
             }
             proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
         elif path == "/readyz":
@@ -129,6 +129,17 @@ class ProxyApp:
             err = NotFound(f"no route for {path}")
             err.code = "not_found"
             proto.response_bytes(404, _JSON, err.openai_body())
+
+    def control_plane_state(self) -> str:
+        if self.reader is None:
+            return "local"
+        state, seen_at = self.reader.control_state()
+        if state == CONTROL_REACHABLE:
+            return "ok"
+        if state == CONTROL_UNREACHABLE:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seen_at)) if seen_at else "never"
+            return f"unreachable (serving the last snapshot known; last answered: {since})"
+        return "local"
 
     # -- the request path ---------------------------------------------------------------------------
     async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:

@@ -10,6 +10,9 @@ Layout of the segment (all words little-endian u64, 8-aligned)::
     40  length[0]        byte length of slot 0's document
     48  length[1]        byte length of slot 1's document
     56  published_at     unix time (f64) of the last publication
+    64  control_state    where the document comes from: 0 the local store, 1 a remote control plane that
+                         answers, 2 a remote control plane that does not (serving the last one known)
+    72  control_seen_at  unix time (f64) the remote control plane last answered
     HEADER .. HEADER+S           slot 0
     HEADER+S .. HEADER+2S        slot 1
 
@@ -25,13 +28,23 @@ from __future__ import annotations
 import struct
 import time
 
-__all__ = ["HEADER_BYTES", "PublishRefused", "SnapshotPublisher", "SnapshotReader"]
+__all__ = [
+    "CONTROL_LOCAL",
+    "CONTROL_REACHABLE",
+    "CONTROL_UNREACHABLE",
+    "HEADER_BYTES",
+    "PublishRefused",
+    "SnapshotPublisher",
+    "SnapshotReader",
+]
 
 MAGIC = int.from_bytes(b"GWSNAP01", "little")
 HEADER_BYTES = 4096
 _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _OFF_MAGIC, _OFF_SEQ, _OFF_GEN, _OFF_REV, _OFF_ACTIVE, _OFF_LEN0, _OFF_LEN1, _OFF_AT = range(0, 64, 8)
+_OFF_CONTROL_STATE, _OFF_CONTROL_SEEN = 64, 72
+CONTROL_LOCAL, CONTROL_REACHABLE, CONTROL_UNREACHABLE = 0, 1, 2
 
 
 class PublishRefused(Exception):
@@ -90,6 +103,12 @@ class SnapshotPublisher:
         _U64.pack_into(buf, _OFF_SEQ, seq + 2)
         return published + 1
 
+    def set_control_state(self, state: int, seen_at: float | None = None) -> None:
+        """Say whether the remote control plane answers (proxy-role hosts); read by ``/healthz``."""
+        _U64.pack_into(self._buf, _OFF_CONTROL_STATE, state)
+        if seen_at is not None:
+            _F64.pack_into(self._buf, _OFF_CONTROL_SEEN, seen_at)
+
 
 class SnapshotReader:
     """A worker's side: cheap generation checks, and a consistent copy when it changed."""
@@ -103,6 +122,13 @@ class SnapshotReader:
 
     def published_at(self) -> float:
         return float(_F64.unpack_from(self._buf, _OFF_AT)[0])
+
+    def control_state(self) -> tuple[int, float]:
+        """``(CONTROL_LOCAL | CONTROL_REACHABLE | CONTROL_UNREACHABLE, unix time last seen)``."""
+        return (
+            int(_U64.unpack_from(self._buf, _OFF_CONTROL_STATE)[0]),
+            float(_F64.unpack_from(self._buf, _OFF_CONTROL_SEEN)[0]),
+        )
 
     def read(self, attempts: int = 1000) -> tuple[int, bytes] | None:
         """The published (generation, document), or None when nothing was published yet.

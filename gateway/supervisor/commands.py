@@ -12,6 +12,7 @@ import secrets
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -37,7 +38,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP"
     )
-    p.add_argument("--role", choices=["all"], default="all", help="which planes this host runs")
+    p.add_argument(
+        "--role",
+        choices=["all", "proxy", "control"],
+        default=os.environ.get("GATEWAY_ROLE", "all"),
+        help="all: control worker and proxies on one store (default); control: control worker and admin "
+        "port only; proxy: proxies following --control-url",
+    )
+    p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
+    p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
+    p.add_argument(
+        "--admin-port",
+        type=int,
+        default=_env_int("GATEWAY_ADMIN_PORT"),
+        help="serve the admin port (the cluster API) here; --role control: 8081 unless given",
+    )
     p.add_argument("--host", default=os.environ.get("GATEWAY_HOST"), help="listen address (127.0.0.1)")
     p.add_argument("--port", type=int, default=_env_int("GATEWAY_PORT"), help="listen port (8080)")
     p.add_argument("--workers", type=int, help="proxy workers (default: one per core)")
@@ -78,8 +93,28 @@ def _configure_logging(level: str) -> None:
     )
 
 
+def _check_role(settings: Settings) -> Settings | str:
+    """Settings completed for the role, or what is wrong with them."""
+    if settings.role == "control" and settings.admin_port is None:
+        settings = replace(settings, admin_port=8081)
+    if settings.role == "proxy":
+        if not settings.control_url:
+            return "--role proxy needs --control-url, the control plane's admin URL"
+        if settings.config_file is not None:
+            return "--role proxy takes its configuration from the control plane, not --config"
+        if not os.environ.get("GATEWAY_CLUSTER_TOKEN"):
+            return "--role proxy needs GATEWAY_CLUSTER_TOKEN (the control plane's cluster token)"
+        if not os.environ.get("GATEWAY_HASH_KEY"):
+            return "--role proxy needs GATEWAY_HASH_KEY, the same on every host of the cluster"
+    return settings
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    settings = settings_from_args(args)
+    checked = _check_role(settings_from_args(args))
+    if isinstance(checked, str):
+        print(f"gateway: error: {checked}", file=sys.stderr)
+        return 2
+    settings = checked
     _configure_logging(settings.log_level)
     from gateway.controlplane.commands import apply_file
     from gateway.controlplane.store import open_store
@@ -87,11 +122,12 @@ def run_serve(args: argparse.Namespace) -> int:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     hash_key = load_hash_key(settings.data_dir)
-    if settings.config_file is not None:
-        revision = apply_file(settings, settings.config_file)
-        log.info("applied %s as revision %d", settings.config_file, revision)
-    else:
-        open_store(settings).close()  # migrations run once, here, before any worker forks
+    if settings.role != "proxy":  # a proxy-role host has no store: its control plane has
+        if settings.config_file is not None:
+            revision = apply_file(settings, settings.config_file)
+            log.info("applied %s as revision %d", settings.config_file, revision)
+        else:
+            open_store(settings).close()  # migrations run once, here, before any worker forks
 
     Supervisor.block_signals()
     segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
@@ -117,18 +153,30 @@ def run_serve(args: argparse.Namespace) -> int:
         "epoch": epoch,
         "port": settings.port,
         "host": settings.host,
+        "role": settings.role,
+        "admin_port": settings.admin_port,
     }
 
     sup.spawn(specs[0])  # the control worker publishes the first snapshot before proxies take traffic
     reader = SnapshotReader(segment.buf)
-    deadline = time.monotonic() + 30.0
+    # A proxy-role host with no last known snapshot and no control plane waits less: its proxies answer
+    # 503 until a snapshot arrives, which beats not listening at all.
+    wait = 10.0 if settings.role == "proxy" else 30.0
+    deadline = time.monotonic() + wait
     while reader.generation() == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
-    if reader.generation() == 0:
-        log.error("no snapshot published within 30s; starting proxies anyway (they answer 503 until one is)")
-    log.info(
-        "listening on http://%s:%d with %d proxy workers", settings.host, settings.port, settings.workers
-    )
+    if reader.generation() == 0 and settings.role != "control":
+        log.error("no snapshot within %.0f s; starting proxies anyway (they answer 503 until one is)", wait)
+    if settings.role == "control":
+        log.info("control plane only; admin port on %s:%s", settings.admin_host, settings.admin_port)
+    else:
+        log.info(
+            "listening on http://%s:%d with %d proxy workers (role %s)",
+            settings.host,
+            settings.port,
+            settings.workers,
+            settings.role,
+        )
     try:
         return sup.run()
     finally:
@@ -139,10 +187,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:
+    from gateway.controlplane.remote import run_remote_control_worker
     from gateway.controlplane.worker import run_control_worker
     from gateway.dataplane.worker import run_proxy_worker
 
-    specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, shared))]
+    # The control slot is drained last whatever it runs, so the proxies' last usage records still go out.
+    if settings.role == "proxy":
+        specs = [WorkerSpec("control", "control", lambda: run_remote_control_worker(settings, shared))]
+    else:
+        specs = [WorkerSpec("control", "control", lambda: run_control_worker(settings, shared))]
+    if settings.role == "control":
+        return specs
     for i in range(max(1, settings.workers)):
         specs.append(
             WorkerSpec(

@@ -1,0 +1,113 @@
+"""What a control plane serves to the proxy-role hosts of its cluster, on its admin port.
+
+- ``GET /cluster/snapshot``: the current snapshot document, with ``ETag: "<revision>"``; a request whose
+  ``If-None-Match`` names the current revision gets ``304`` and no body, so polling costs a header.
+- ``POST /cluster/usage``: a JSON array of usage records (each the array a proxy worker encoded); written
+  idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
+  the whole batch with 400, so the sender keeps it rather than losing it quietly.
+- ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
+
+Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
+same on every host), compared in constant time. Without a token configured the routes answer 503: a
+control plane never serves its snapshot, which holds backend keys, to anyone who asks. Errors use the
+OpenAI envelope like every gateway error.
+I/O: the client connection; the store, through the ``UsageSink`` the control worker owns.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, Protocol
+
+import orjson
+
+from gateway.controlplane.store import StoreError
+from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
+from gateway.usage_record import UsageRecord, record_from_values
+
+__all__ = ["ClusterApp", "SnapshotSource"]
+
+log = logging.getLogger("gateway.controlplane")
+
+_JSON = [("content-type", "application/json")]
+MAX_USAGE_BODY = 64 * 1024 * 1024
+
+
+class SnapshotSource(Protocol):
+    """The control worker: the last snapshot it built, and where usage records go."""
+
+    def current_snapshot(self) -> tuple[int, bytes] | None: ...
+
+    def store_usage(self, records: list[UsageRecord]) -> None: ...
+
+
+class ClusterApp:
+    """The RSGI application of the control worker's admin port."""
+
+    def __init__(self, source: SnapshotSource, token: str | None) -> None:
+        self.source = source
+        self.token = token.encode() if token else None
+
+    def __rsgi_init__(self, loop: Any) -> None:
+        pass
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        try:
+            status, headers, body = await self.handle(scope, proto)
+        except GatewayError as exc:
+            status, headers, body = exc.status, _JSON + list(exc.headers.items()), exc.openai_body()
+        proto.response_bytes(status, headers, body)
+
+    async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
+        path, method = scope.path, scope.method
+        if not path.startswith("/cluster/"):
+            raise NotFound(f"no route for {path}")
+        self.authorise(scope.headers.get("authorization"))
+        if path == "/cluster/snapshot" and method == "GET":
+            return self.snapshot(scope.headers.get("if-none-match"))
+        if path == "/cluster/usage" and method == "POST":
+            return self.usage(await proto())
+        if path == "/cluster/healthz" and method == "GET":
+            current = self.source.current_snapshot()
+            body = {"status": "ok" if current else "starting", "revision": current[0] if current else None}
+            return 200, _JSON, orjson.dumps(body)
+        raise NotFound(f"no route for {method} {path}")
+
+    def authorise(self, authorization: str | None) -> None:
+        if self.token is None:
+            raise ServiceUnavailable("this control plane has no cluster token (GATEWAY_CLUSTER_TOKEN)")
+        if not authorization or not authorization.startswith("Bearer "):
+            raise Unauthorized("missing cluster token")
+        if not hmac.compare_digest(authorization[7:].strip().encode(), self.token):
+            raise Unauthorized("incorrect cluster token")
+
+    def snapshot(self, if_none_match: str | None) -> tuple[int, list[tuple[str, str]], bytes]:
+        current = self.source.current_snapshot()
+        if current is None:
+            raise ServiceUnavailable("no snapshot built yet")
+        revision, blob = current
+        etag = f'"{revision}"'
+        if if_none_match == etag:
+            return 304, [("etag", etag)], b""
+        return 200, [*_JSON, ("etag", etag)], blob
+
+    def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        if len(body) > MAX_USAGE_BODY:
+            raise BadRequest(f"usage batch over {MAX_USAGE_BODY} bytes")
+        try:
+            values = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"usage batch is not JSON: {exc}") from None
+        if not isinstance(values, list):
+            raise BadRequest("usage batch must be a JSON array of records")
+        try:
+            records = [record_from_values(v) for v in values]
+        except ValueError as exc:
+            raise BadRequest(f"usage batch holds an unreadable record: {exc}") from None
+        try:
+            self.source.store_usage(records)
+        except StoreError as exc:
+            log.error("usage batch of %d records not stored: %s", len(records), exc)
+            raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
+        return 200, _JSON, orjson.dumps({"accepted": len(records)})

@@ -1,0 +1,269 @@
+"""The control slot of a proxy-role host: follows a remote control plane instead of a local store.
+
+On a ``gateway serve --role proxy`` host the supervisor forks this worker where an all-in-one host has its
+control worker. It does two things, both over the control plane's cluster API (``cluster_api``), with the
+cluster token:
+
+- **Snapshots.** Every ``revision_poll_interval`` it asks ``GET /cluster/snapshot`` with ``If-None-Match``
+  (the revision it holds); a new document is checked (it must decode), published into the host's
+  snapshot segment for the proxy workers, and written to ``DATA_DIR/last-known-good.json`` (write, fsync,
+  rename). At a cold start that file is published first, so a host restarted while the control plane is
+  away serves the keys and routes it last knew. When the control plane does not answer, the worker keeps
+  what is published, retries with backoff (0.5 s doubling to 30 s), logs the outage once and its end
+  once, and says so in the snapshot segment, which ``/healthz`` reports. It never exits for want of a
+  control plane.
+- **Usage.** Every ``usage_drain_interval`` it reads the usage rings and posts the records to
+  ``POST /cluster/usage``; only an answered batch moves the rings' tails. A batch the control plane cannot
+  take goes to ``DATA_DIR/usage-spool/`` (one file per batch, written whole before the rings move) and is
+  sent again, oldest first, once it answers. The control plane writes records idempotently by request id,
+  so a batch sent twice (a crash between sending and moving a tail) is stored once.
+
+I/O: HTTP to the control plane, the data directory, the shared segments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from gateway.config import Settings
+from gateway.native import UsageRing
+from gateway.shm.segment import SharedRegions
+from gateway.shm.snapshot_slot import (
+    CONTROL_REACHABLE,
+    CONTROL_UNREACHABLE,
+    PublishRefused,
+    SnapshotPublisher,
+)
+from gateway.snapshot import Snapshot
+
+__all__ = ["RemoteControlWorker", "run_remote_control_worker"]
+
+log = logging.getLogger("gateway.controlplane")
+
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 30.0
+BATCH_PER_RING = 2048
+FINAL_DRAIN_SECONDS = 10.0
+
+
+def run_remote_control_worker(settings: Settings, shared: SharedRegions) -> int:
+    return RemoteControlWorker(settings, shared).run()
+
+
+class _Unanswered(Exception):
+    """The control plane did not take the request (unreachable, timeout, 5xx)."""
+
+
+class RemoteControlWorker:
+    def __init__(self, settings: Settings, shared: SharedRegions) -> None:
+        if not settings.control_url:
+            raise ValueError("--role proxy needs --control-url")
+        token = os.environ.get("GATEWAY_CLUSTER_TOKEN")
+        if not token:
+            raise ValueError("--role proxy needs GATEWAY_CLUSTER_TOKEN, the control plane's cluster token")
+        self.settings = settings
+        self.publisher = SnapshotPublisher(shared.snapshot)
+        self.ring = UsageRing(shared.usage)
+        self.client = httpx.Client(
+            base_url=settings.control_url.rstrip("/"),
+            headers={"authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(10.0, connect=2.0),
+        )
+        self.last_known_good = settings.data_dir / "last-known-good.json"
+        self.spool = settings.data_dir / "usage-spool"
+        self.etag: str | None = None
+        self._stop = False
+        self._sync_at = 0.0
+        self._sync_backoff = BACKOFF_FIRST
+        self._ship_at = 0.0
+        self._ship_backoff = BACKOFF_FIRST
+        self._down_since: float | None = None
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to re-read: the control plane has the config
+        self.spool.mkdir(parents=True, exist_ok=True)
+        self.restore_last_known_good()
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                if now >= self._sync_at:
+                    self.sync_snapshot()
+                if now >= self._ship_at:
+                    self.ship_usage()
+                time.sleep(self.settings.usage_drain_interval)
+            self.final_ship()
+        finally:
+            self.client.close()
+        return 0
+
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = True
+
+    # -- snapshots ---------------------------------------------------------------------------------------
+    def restore_last_known_good(self) -> None:
+        try:
+            blob = self.last_known_good.read_bytes()
+        except FileNotFoundError:
+            return
+        try:
+            revision = Snapshot.decode(blob, 0).revision
+            self.publisher.publish(blob, revision)
+        except (ValueError, KeyError, TypeError, PublishRefused) as exc:
+            log.error("ignoring %s: %s", self.last_known_good, exc)
+            return
+        self.etag = f'"{revision}"'
+        log.info("serving the last known snapshot (revision %d) until the control plane answers", revision)
+
+    def sync_snapshot(self) -> None:
+        headers = {"if-none-match": self.etag} if self.etag else {}
+        try:
+            resp = self.client.get("/cluster/snapshot", headers=headers)
+        except httpx.HTTPError as exc:
+            self._sync_failed(f"{type(exc).__name__}: {exc}")
+            return
+        if resp.status_code == 304:
+            self._sync_ok()
+            return
+        if resp.status_code != 200:
+            self._sync_failed(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return
+        blob = resp.content
+        try:
+            revision = Snapshot.decode(blob, 0).revision
+            self.publisher.publish(blob, revision)
+        except (ValueError, KeyError, TypeError) as exc:
+            self._sync_failed(f"undecodable snapshot: {exc}")
+            return
+        except PublishRefused as exc:
+            log.error("control plane sent an older snapshot, kept ours: %s", exc)
+            self._sync_ok()
+            return
+        self.etag = resp.headers.get("etag", f'"{revision}"')
+        self._write_last_known_good(blob)
+        log.info("published snapshot revision %d from the control plane", revision)
+        self._sync_ok()
+
+    def _write_last_known_good(self, blob: bytes) -> None:
+        tmp = self.last_known_good.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.last_known_good)
+        except OSError as exc:
+            log.error("could not save the last known snapshot: %s", exc)
+
+    def _sync_ok(self) -> None:
+        now = time.time()
+        if self._down_since is not None:
+            log.info("control plane answers again after %.1f s", now - self._down_since)
+            self._down_since = None
+        self.publisher.set_control_state(CONTROL_REACHABLE, now)
+        self._sync_backoff = BACKOFF_FIRST
+        self._sync_at = time.monotonic() + self.settings.revision_poll_interval
+
+    def _sync_failed(self, why: str) -> None:
+        if self._down_since is None:
+            self._down_since = time.time()
+            log.error("control plane unreachable, serving the last snapshot known: %s", why)
+        self.publisher.set_control_state(CONTROL_UNREACHABLE)
+        self._sync_at = time.monotonic() + self._sync_backoff
+        self._sync_backoff = min(self._sync_backoff * 2, BACKOFF_MAX)
+
+    # -- usage -------------------------------------------------------------------------------------------
+    def ship_usage(self) -> None:
+        """Send spooled batches, oldest first, then what the rings hold; spool what is not taken."""
+        try:
+            for path in sorted(self.spool.glob("*.json")):
+                self._post_usage(path.read_bytes())
+                path.unlink()
+            taken, body = self._read_rings()
+            if not taken:
+                self._ship_ok()
+                return
+            try:
+                self._post_usage(body)
+            except _Unanswered:
+                self._spool(body)
+                self._advance(taken)
+                raise
+            self._advance(taken)
+            self._ship_ok()
+        except _Unanswered as exc:
+            self._ship_at = time.monotonic() + self._ship_backoff
+            self._ship_backoff = min(self._ship_backoff * 2, BACKOFF_MAX)
+            log.debug("usage not sent: %s", exc)
+        except OSError as exc:
+            log.error("usage spool: %s", exc)
+
+    def _ship_ok(self) -> None:
+        self._ship_backoff = BACKOFF_FIRST
+        self._ship_at = 0.0
+
+    def _read_rings(self) -> tuple[list[tuple[int, int]], bytes]:
+        taken: list[tuple[int, int]] = []
+        records: list[bytes] = []
+        for index in range(self.ring.rings):
+            batch = self.ring.read(index, BATCH_PER_RING)
+            if batch:
+                taken.append((index, len(batch)))
+                records += batch
+        return taken, b"[" + b",".join(records) + b"]"
+
+    def _advance(self, taken: list[tuple[int, int]]) -> None:
+        for index, n in taken:
+            self.ring.advance(index, n)
+
+    def _post_usage(self, body: bytes) -> None:
+        try:
+            resp = self.client.post(
+                "/cluster/usage", content=body, headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
+        if resp.status_code == 200:
+            return
+        if resp.status_code == 400:
+            # The control plane cannot read the batch: keep it aside for a person, never resend it forever.
+            kept = self.spool / f"rejected-{time.time_ns()}.jsonl"
+            kept.write_bytes(body)
+            log.error("control plane refused a usage batch (kept in %s): %s", kept, resp.text[:200])
+            return
+        raise _Unanswered(f"HTTP {resp.status_code}: {resp.text[:200]}")
+
+    def _spool(self, body: bytes) -> None:
+        path = self.spool / f"{time.time_ns():020d}.json"
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def final_ship(self) -> None:
+        """On SIGTERM, after the proxies stopped: send (or spool) everything the rings still hold."""
+        deadline = time.monotonic() + FINAL_DRAIN_SECONDS
+        while time.monotonic() < deadline:
+            taken, body = self._read_rings()
+            if not taken:
+                return
+            try:
+                self._post_usage(body)
+            except _Unanswered:
+                self._spool(body)
+            self._advance(taken)
+
+
+def pending_spool(data_dir: Path) -> int:
+    """Batches waiting in a proxy host's spool (for ``gateway status``)."""
+    return sum(1 for _ in (data_dir / "usage-spool").glob("*.json"))

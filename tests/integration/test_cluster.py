@@ -1,0 +1,188 @@
+"""A cluster on loopback: one control-role host and two proxy-role hosts sharing one PostgreSQL.
+
+The proxies follow the control plane's snapshot over its cluster API and send it their usage records;
+they keep serving while it is away, from memory or, after a restart, from the last snapshot they saved."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.config import Settings
+from gateway.controlplane.store import open_store
+from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
+
+TOKEN = secrets.token_urlsafe(24)
+HASH_KEY = secrets.token_hex(32)
+ENV = {"GATEWAY_CLUSTER_TOKEN": TOKEN, "GATEWAY_HASH_KEY": HASH_KEY}
+
+
+@dataclass
+class Cluster:
+    tmp: Path
+    database: str
+    admin_port: int
+    config: str
+    control: Gateway
+    proxies: list[Gateway]
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def start_control(self) -> Gateway:
+        gw = Gateway(
+            self.tmp,
+            self.config,
+            workers=1,
+            extra=("--role", "control", "--admin-port", str(self.admin_port), "--database", self.database),
+            env=ENV,
+            wait=False,
+        )
+        wait_until(
+            lambda: _get(f"{self.admin_url}/cluster/healthz", TOKEN) == 200, timeout=20, what="control plane"
+        )
+        return gw
+
+    def start_proxy(self, data_dir: Path | None = None) -> Gateway:
+        extra = ("--role", "proxy", "--control-url", self.admin_url)
+        if data_dir is not None:
+            extra += ("--data-dir", str(data_dir))
+        return Gateway(self.tmp, None, workers=2, extra=extra, env=ENV)
+
+    def cli(self, *args: str) -> str:
+        return self.control.cli(*args, "--database", self.database).stdout.strip()
+
+    def records(self) -> list[str]:
+        with open_store(Settings(data_dir=self.tmp, database=self.database)) as store:
+            return [r.request_id for r in store.usage.records(limit=100_000)]
+
+
+def _get(url: str, token: str | None = None) -> int:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        return httpx.get(url, headers=headers, timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def chat(gw: Gateway, key: str) -> httpx.Response:
+    return httpx.post(
+        gw.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 3},
+        headers={"authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_url: str, mock_engine: MockEngine) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, postgres_url, free_port(), basic_config({"a": mock_engine.url}), None, [])  # type: ignore[arg-type]  # control set below
+    c.control = c.start_control()
+    try:
+        c.proxies = [c.start_proxy(), c.start_proxy()]
+        yield c
+    finally:
+        for gw in [*c.proxies, c.control]:
+            gw.stop()
+
+
+def test_cluster_api_needs_the_token(cluster: Cluster) -> None:
+    assert _get(f"{cluster.admin_url}/cluster/snapshot") == 401
+    assert _get(f"{cluster.admin_url}/cluster/snapshot", "wrong") == 401
+    resp = httpx.get(f"{cluster.admin_url}/cluster/snapshot", headers={"authorization": f"Bearer {TOKEN}"})
+    assert resp.status_code == 200 and resp.headers["etag"] == f'"{resp.json()["revision"]}"'
+    again = httpx.get(
+        f"{cluster.admin_url}/cluster/snapshot",
+        headers={"authorization": f"Bearer {TOKEN}", "if-none-match": resp.headers["etag"]},
+    )
+    assert again.status_code == 304 and again.content == b""
+
+
+def test_a_key_works_on_every_proxy_and_stops_when_revoked(cluster: Cluster) -> None:
+    key = cluster.cli("keys", "create", "--principal", "alice", "--name", "k1")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live on a proxy")
+    cluster.cli("keys", "revoke", "k1")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, key).status_code == 401, timeout=5, what="key revoked on a proxy")
+
+
+def test_usage_from_every_proxy_lands_once(cluster: Cluster) -> None:
+    key = cluster.cli("keys", "create", "--principal", "alice")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
+    ids = set()
+    for i in range(60):
+        r = chat(cluster.proxies[i % 2], key)
+        assert r.status_code == 200
+        ids.add(r.headers["x-request-id"])
+    wait_until(lambda: ids <= set(cluster.records()), timeout=10, what="usage at the control plane")
+    time.sleep(0.5)
+    got = cluster.records()
+    assert len(got) == len(set(got)) == 62  # the two probes above, and the sixty
+
+
+def test_proxies_outlive_the_control_plane(cluster: Cluster) -> None:
+    key = cluster.cli("keys", "create", "--principal", "alice")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
+    cluster.control.stop()
+    # Both keep serving, say so in /healthz, and keep the usage they produce meanwhile.
+    ids = set()
+    for proxy in cluster.proxies:
+        wait_until(
+            lambda p=proxy: "unreachable" in httpx.get(p.url + "/healthz").json()["control_plane"],
+            timeout=10,
+            what="outage noticed",
+        )
+        for _ in range(5):
+            r = chat(proxy, key)
+            assert r.status_code == 200
+            ids.add(r.headers["x-request-id"])
+    # A proxy restarted meanwhile serves from the last snapshot it saved.
+    first = cluster.proxies[0]
+    data_dir = first.data_dir
+    first.stop()
+    restarted = cluster.start_proxy(data_dir)
+    cluster.proxies[0] = restarted
+    r = chat(restarted, key)
+    assert r.status_code == 200
+    ids.add(r.headers["x-request-id"])
+    body = httpx.get(restarted.url + "/healthz").json()
+    assert body["status"] == "ok"
+    # The control plane comes back: every record made during the outage lands, once.
+    cluster.control = cluster.start_control()
+    wait_until(lambda: ids <= set(cluster.records()), timeout=30, what="spooled usage delivered")
+    for proxy in cluster.proxies:
+        wait_until(
+            lambda p=proxy: httpx.get(p.url + "/healthz").json()["control_plane"] == "ok",
+            timeout=35,
+            what="control plane seen again",
+        )
+    got = cluster.records()
+    assert len(got) == len(set(got))
+
+
+def test_proxy_role_refuses_to_start_without_what_it_needs(tmp_path: Path) -> None:
+    base = [sys.executable, "-m", "gateway", "serve", "--data-dir", str(tmp_path), "--role", "proxy"]
+    clean = {k: v for k, v in os.environ.items() if k not in ENV}
+    cases = [
+        ([], {}, "--control-url"),
+        (["--control-url", "http://127.0.0.1:1"], {}, "GATEWAY_CLUSTER_TOKEN"),
+        (["--control-url", "http://127.0.0.1:1"], {"GATEWAY_CLUSTER_TOKEN": "t"}, "GATEWAY_HASH_KEY"),
+    ]
+    for args, env, message in cases:
+        done = subprocess.run(
+            [*base, *args], cwd=ROOT, capture_output=True, text=True, env={**clean, **env}, timeout=30
+        )
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
