@@ -1,4 +1,5 @@
-"""What a control plane serves to the proxy-role hosts of its cluster, on its admin port.
+"""The control worker's admin port: the admin API (``/admin/``, see ``admin_api``) and what a control plane
+serves to the proxy-role hosts of its cluster (``/cluster/``):
 
 - ``GET /cluster/snapshot``: the current snapshot document, with ``ETag: "<revision>"``; a request whose
   ``If-None-Match`` names the current revision gets ``304`` and no body, so polling costs a header.
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
@@ -32,6 +34,7 @@ log = logging.getLogger("gateway.controlplane")
 
 _JSON = [("content-type", "application/json")]
 MAX_USAGE_BODY = 64 * 1024 * 1024
+MAX_ADMIN_BODY = 8 * 1024 * 1024
 
 
 class SnapshotSource(Protocol):
@@ -45,9 +48,10 @@ class SnapshotSource(Protocol):
 class ClusterApp:
     """The RSGI application of the control worker's admin port."""
 
-    def __init__(self, source: SnapshotSource, token: str | None) -> None:
+    def __init__(self, source: SnapshotSource, token: str | None, admin: AdminApi | None = None) -> None:
         self.source = source
         self.token = token.encode() if token else None
+        self.admin = admin
 
     def __rsgi_init__(self, loop: Any) -> None:
         pass
@@ -61,6 +65,13 @@ class ClusterApp:
 
     async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
         path, method = scope.path, scope.method
+        if path.startswith("/admin/") and self.admin is not None:
+            body = b""
+            if method in ("POST", "PUT", "PATCH"):
+                body = await proto()
+                if len(body) > MAX_ADMIN_BODY:
+                    raise BadRequest(f"request body over {MAX_ADMIN_BODY} bytes")
+            return self.admin.handle(method, path, scope.query_string, scope.headers, body)
         if not path.startswith("/cluster/"):
             raise NotFound(f"no route for {path}")
         self.authorise(scope.headers.get("authorization"))
@@ -70,8 +81,8 @@ class ClusterApp:
             return self.usage(await proto())
         if path == "/cluster/healthz" and method == "GET":
             current = self.source.current_snapshot()
-            body = {"status": "ok" if current else "starting", "revision": current[0] if current else None}
-            return 200, _JSON, orjson.dumps(body)
+            health = {"status": "ok" if current else "starting", "revision": current[0] if current else None}
+            return 200, _JSON, orjson.dumps(health)
         raise NotFound(f"no route for {method} {path}")
 
     def authorise(self, authorization: str | None) -> None:

@@ -8,7 +8,8 @@ on ``gateway.snapshot`` (the first ``MAX_LOGGED`` of them individually, then one
 Authorisation is by the name the caller used. A permission ``model/PATTERN`` (``fnmatch`` rules, case
 sensitive) grants every route whose name matches; a matched frontend model or alias counts as the
 frontend model it names, so it grants the model and all of its aliases. ``model/*`` also sets
-``allow_all``. Other permissions (``usage:read``, ``key:create``, ...) do not concern routing.
+``allow_all``. Other permissions (``usage:read``, ``key:create``, ...) do not concern routing; they are
+listed in the principal's ``"permissions"`` for the admin API.
 Keys already expired at build time are left out (not counted as skipped); the data plane still checks
 ``expires_at`` for keys that expire later.
 
@@ -353,7 +354,11 @@ def _principals(
         grant = cache.get(perms)
         if grant is None:
             grant = cache[perms] = _grants(perms, routes, aliases_of)
-        out[pid] = {"name": name, "allow_all": grant[0], "models": grant[1], **limits.get(pid, {})}
+        entry = {"name": name, "allow_all": grant[0], "models": grant[1], **limits.get(pid, {})}
+        admin = sorted(p for p in perms if not p.startswith(_MODEL_PERMISSION))
+        if admin:
+            entry["permissions"] = admin  # what the admin API checks: usage:read, key:create, ...
+        out[pid] = entry
     return out
 
 

@@ -21,12 +21,14 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 from granian.constants import Interfaces
 from granian.server.embed import Server
 
-from gateway.config import Settings
+from gateway.config import Settings, load_hash_key
+from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
 from gateway.controlplane.snapshot_build import build_snapshot_doc
@@ -60,13 +62,17 @@ class ControlWorker:
         self._reload = asyncio.Event()
         self._store_failing = False
         self._current: tuple[int, bytes] | None = None  # (revision, document) last built
+        self._doc: dict[str, Any] | None = None
+        self.store: Store
+        self.hash_key = b""
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         settings = self.settings
-        store = open_store(settings)
+        store = self.store = open_store(settings)
+        self.hash_key = load_hash_key(settings.data_dir)
         self.sink = UsageSink(
             store,
             UsageRing(self.shared.usage),
@@ -98,7 +104,7 @@ class ControlWorker:
         settings = self.settings
         if settings.admin_port is None:
             return None
-        app = ClusterApp(self, os.environ.get("GATEWAY_CLUSTER_TOKEN") or None)
+        app = ClusterApp(self, os.environ.get("GATEWAY_CLUSTER_TOKEN") or None, AdminApi(self))
         server = Server(
             app,
             address=settings.admin_host,
@@ -112,6 +118,9 @@ class ControlWorker:
     # -- what the cluster API asks of the control worker ------------------------------------------------
     def current_snapshot(self) -> tuple[int, bytes] | None:
         return self._current
+
+    def current_doc(self) -> dict[str, Any] | None:
+        return self._doc
 
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None
@@ -183,6 +192,7 @@ class ControlWorker:
             log.error("snapshot not published: %s", exc)
             return False
         self._current = (int(doc["revision"]), blob)
+        self._doc = doc
         if self.sink is not None:
             self.sink.set_budgets(doc["principals"])
         log.info(

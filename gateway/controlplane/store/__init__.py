@@ -14,10 +14,11 @@ from gateway.config import Settings
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
-from gateway.controlplane.store._store import KeyInfo, PrincipalInfo, Store, StoreState
+from gateway.controlplane.store._store import AuditEntry, KeyInfo, PrincipalInfo, Store, StoreState
 from gateway.errors import ConfigError
 
 __all__ = [
+    "AuditEntry",
     "Driver",
     "KeyInfo",
     "PrincipalInfo",

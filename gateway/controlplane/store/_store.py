@@ -22,7 +22,7 @@ import os
 import secrets
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -48,7 +48,7 @@ from gateway.controlplane.store._usage import UsageStore
 from gateway.errors import ConfigError
 from gateway.keys import generate_secret, hash_secret
 
-__all__ = ["KeyInfo", "PrincipalInfo", "Store", "StoreState"]
+__all__ = ["AuditEntry", "KeyInfo", "PrincipalInfo", "Store", "StoreState"]
 
 Row = tuple[Any, ...]
 MANAGED_BY_FILE = "file"
@@ -75,6 +75,29 @@ class KeyInfo:
         if self.expires_at is not None and self.expires_at <= (time.time() if now is None else now):
             return "expired"
         return "active"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One configuration write, as the audit log keeps it; ``ts`` and ``id`` are set when written."""
+
+    actor: str
+    action: str
+    target: str
+    before: str | None = None
+    after: str | None = None
+    ts: float = 0.0
+    id: str = ""
+
+
+def _write_audit(tx: Transaction, entry: AuditEntry | None) -> None:
+    if entry is None:
+        return
+    tx.execute(
+        "INSERT INTO audit_log (id, ts, actor, action, target, before_state, after_state) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (_new_id(), time.time(), entry.actor, entry.action, entry.target, entry.before, entry.after),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +229,12 @@ class Store:
     # --- declarative configuration ---------------------------------------------------------------------
 
     def apply_config(
-        self, cfg: ConfigDoc, *, hash_key: bytes | None = None, environ: Mapping[str, str] | None = None
+        self,
+        cfg: ConfigDoc,
+        *,
+        hash_key: bytes | None = None,
+        environ: Mapping[str, str] | None = None,
+        audit: AuditEntry | None = None,
     ) -> int:
         """Make the store match ``cfg`` in one transaction; returns the new revision.
 
@@ -293,6 +321,7 @@ class Store:
                 ],
             )
             self._apply_keys(tx, cfg.keys, principal_ids, key_hashes)
+            _write_audit(tx, audit)
             return _bump_revision(tx)
 
     @staticmethod
@@ -413,6 +442,7 @@ class Store:
         expires_at: float | None,
         hash_key: bytes,
         limits: LimitsSpec | None = None,
+        audit: AuditEntry | None = None,
     ) -> tuple[str, str]:
         """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored."""
         if name is not None and (problem := check_name(name)):
@@ -444,21 +474,38 @@ class Store:
                     *_limit_params(limits),
                 ),
             )
+            if audit is not None:
+                _write_audit(tx, replace(audit, target=key_id))
             _bump_revision(tx)
         return key_id, secret
 
-    def revoke_key(self, key_id_or_name: str) -> None:
-        """Revoke by id, or else by name. Revoking a revoked key changes nothing (and bumps nothing)."""
+    def revoke_key(self, key_id_or_name: str, audit: AuditEntry | None = None) -> str:
+        """Revoke by id, or else by name; returns the key's id. Revoking a revoked key changes nothing
+        (and bumps nothing)."""
         with self._driver.transaction(write=True) as tx:
             rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE id = ?", (key_id_or_name,))
             if not rows:
                 rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE name = ?", (key_id_or_name,))
             if not rows:
                 raise ConfigError(f"no key with id or name {key_id_or_name!r}")
+            key_id = str(rows[0][0])
             if rows[0][1] is not None:
-                return
-            tx.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), rows[0][0]))
+                return key_id
+            tx.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), key_id))
+            if audit is not None:
+                _write_audit(tx, replace(audit, target=key_id))
             _bump_revision(tx)
+        return key_id
+
+    def audit_log(self, limit: int = 100) -> list[AuditEntry]:
+        """The most recent audit entries, newest first."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                "SELECT actor, action, target, before_state, after_state, ts, id FROM audit_log "
+                "ORDER BY ts DESC, id LIMIT ?",
+                (limit,),
+            )
+        return [AuditEntry(r[0], r[1], r[2], r[3], r[4], float(r[5]), r[6]) for r in rows]
 
     def list_keys(self, principal: str | None = None) -> list[KeyInfo]:
         sql = (

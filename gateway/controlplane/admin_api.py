@@ -1,0 +1,461 @@
+"""The admin API under ``/admin/`` on the control worker's admin port.
+
+Authentication is an API key of a principal whose roles grant admin permissions (the automation path;
+``Authorization: Bearer <key>``), checked against the snapshot the control worker last built, so it costs
+no query and keeps working while the store is down. Each route needs one permission:
+
+=====================  ======================================  ===============
+route                  what                                    permission
+=====================  ======================================  ===============
+GET /admin/whoami      the caller's principal and permissions  (any admin key)
+GET /admin/principals  principals, roles, limits, budgets      ``config:read``
+GET /admin/keys        keys (never secrets); ``?principal=``    ``config:read``
+POST /admin/keys       create a key; the secret is shown once  ``key:create``
+DELETE /admin/keys/ID  revoke a key by id or name              ``key:revoke``
+GET /admin/config      the configuration as TOML               ``config:read``
+PUT /admin/config      apply a TOML configuration              ``config:write``
+GET /admin/usage       usage per principal/model/key/backend   ``usage:read``
+GET /admin/budgets     spend against each budget               ``usage:read``
+GET /admin/audit       the audit log, newest first             ``config:read``
+GET /admin/openapi.json  this API as OpenAPI 3.1               (none)
+=====================  ======================================  ===============
+
+``config:write`` implies ``config:read``. Writes go to the store in one transaction together with their
+audit entry (who, what, when, before and after); when the store is down they fail closed with 503.
+Principal and key listings fall back to the last snapshot when the store is down (``x-gateway-source:
+snapshot``). Errors use the OpenAI envelope. I/O: the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qs
+
+import orjson
+
+from gateway.budget import NANOS, period_window
+from gateway.controlplane.configfile import (
+    LimitsSpec,
+    check_limit,
+    dump_config,
+    parse_config,
+    parse_timestamp,
+)
+from gateway.controlplane.store import AuditEntry, Store, StoreError
+from gateway.controlplane.usage_commands import since_arg
+from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
+from gateway.keys import hash_secret
+
+__all__ = ["ROUTES", "AdminApi", "AdminContext", "openapi_document"]
+
+_JSON = [("content-type", "application/json")]
+Reply = tuple[int, list[tuple[str, str]], bytes]
+MAX_BODY = 8 * 1024 * 1024
+
+
+class AdminContext(Protocol):
+    """What the admin API needs from the control worker."""
+
+    store: Store
+    hash_key: bytes
+
+    def current_doc(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    principal_id: str
+    principal: str
+    key_id: str
+    permissions: frozenset[str]
+
+    @property
+    def actor(self) -> str:
+        return f"{self.principal} (key {self.key_id})"
+
+    def holds(self, permission: str) -> bool:
+        return permission in self.permissions or (
+            permission == "config:read" and "config:write" in self.permissions
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    path: str  # segments; "{name}" captures one
+    permission: str | None  # None: any admin key; "" : no authentication at all
+    handler: str
+    summary: str
+
+
+ROUTES: tuple[Route, ...] = (
+    Route("GET", "/admin/whoami", None, "whoami", "The calling principal and its permissions"),
+    Route("GET", "/admin/principals", "config:read", "principals", "Principals with roles, limits, budgets"),
+    Route("GET", "/admin/keys", "config:read", "list_keys", "API keys (never their secrets)"),
+    Route("POST", "/admin/keys", "key:create", "create_key", "Create a key; its secret is returned once"),
+    Route("DELETE", "/admin/keys/{key}", "key:revoke", "revoke_key", "Revoke a key by id or name"),
+    Route("GET", "/admin/config", "config:read", "get_config", "The configuration as TOML"),
+    Route("PUT", "/admin/config", "config:write", "put_config", "Apply a TOML configuration"),
+    Route(
+        "GET", "/admin/usage", "usage:read", "usage", "Usage totals grouped by principal/model/key/backend"
+    ),
+    Route("GET", "/admin/budgets", "usage:read", "budgets", "Spend against every budget, current period"),
+    Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
+    Route("GET", "/admin/openapi.json", "", "openapi", "This API as an OpenAPI document"),
+)
+
+
+def _match(route: Route, method: str, path: str) -> dict[str, str] | None:
+    if route.method != method:
+        return None
+    want, got = route.path.split("/"), path.rstrip("/").split("/")
+    if len(want) != len(got):
+        return None
+    params: dict[str, str] = {}
+    for w, g in zip(want, got, strict=True):
+        if w.startswith("{"):
+            if not g:
+                return None
+            params[w[1:-1]] = g
+        elif w != g:
+            return None
+    return params
+
+
+class AdminApi:
+    def __init__(self, ctx: AdminContext) -> None:
+        self.ctx = ctx
+
+    def handle(self, method: str, path: str, query: str, headers: Any, body: bytes) -> Reply:
+        allowed: list[str] = []
+        for route in ROUTES:
+            params = _match(route, method, path)
+            if params is None:
+                if _match(route, route.method, path) is not None:
+                    allowed.append(route.method)
+                continue
+            caller = None if route.permission == "" else self.authenticate(headers.get("authorization"))
+            if caller is not None and route.permission and not caller.holds(route.permission):
+                raise Forbidden(f"{route.method} {route.path} needs the permission {route.permission}")
+            handler: Callable[..., Reply] = getattr(self, route.handler)
+            return handler(caller, params, parse_qs(query), body)
+        if allowed:
+            raise NotFound(f"{method} is not supported on {path} (use {', '.join(sorted(allowed))})")
+        raise NotFound(f"no admin route {path}")
+
+    def authenticate(self, authorization: str | None) -> Caller:
+        if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
+            raise Unauthorized("Missing admin key: send it as `Authorization: Bearer <key>`")
+        doc = self.ctx.current_doc()
+        if doc is None:
+            raise ServiceUnavailable("the control plane has not built a snapshot yet")
+        entry = doc["keys"].get(hash_secret(authorization[7:].strip(), self.ctx.hash_key).hex())
+        if entry is None:
+            raise Unauthorized("Incorrect API key provided")
+        if entry.get("expires_at") is not None and entry["expires_at"] <= time.time():
+            raise Unauthorized("This API key has expired")
+        principal = doc["principals"].get(entry["principal"])
+        if principal is None:
+            raise Unauthorized("Incorrect API key provided")
+        perms = frozenset(principal.get("permissions", ()))
+        if not perms:
+            raise Forbidden("this key's principal holds no admin permission")
+        return Caller(entry["principal"], principal["name"], str(entry["id"]), perms)
+
+    # -- handlers: (caller, path params, query, body) -> reply ----------------------------------------
+    def whoami(self, caller: Caller, *_: Any) -> Reply:
+        return _ok(
+            {"principal": caller.principal, "key": caller.key_id, "permissions": sorted(caller.permissions)}
+        )
+
+    def principals(self, *_: Any) -> Reply:
+        try:
+            rows = self.ctx.store.principals()
+        except StoreError:
+            return self._from_snapshot("principals")
+        return _ok(
+            [
+                {
+                    "id": p.id,
+                    "name": p.name,
+                    "roles": list(p.roles),
+                    "active_keys": p.active_keys,
+                    "limits": _limits(p.limits),
+                    "model_limits": {m: _limits(spec) for m, spec in p.model_limits},
+                    "budget": None
+                    if p.budget is None
+                    else {"period": p.budget.period, "tokens": p.budget.tokens, "cost": p.budget.cost},
+                }
+                for p in rows
+            ]
+        )
+
+    def list_keys(
+        self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes
+    ) -> Reply:
+        principal = _one(query, "principal")
+        try:
+            keys = self.ctx.store.list_keys(principal)
+        except StoreError:
+            return self._from_snapshot("keys")
+        return _ok(
+            [
+                {
+                    "id": k.id,
+                    "name": k.name,
+                    "principal": k.principal,
+                    "hash_prefix": k.hash_prefix,
+                    "status": k.status(),
+                    "created_at": k.created_at,
+                    "expires_at": k.expires_at,
+                    "revoked_at": k.revoked_at,
+                    "managed_by": k.managed_by,
+                    "limits": _limits(k.limits),
+                }
+                for k in keys
+            ]
+        )
+
+    def create_key(self, caller: Caller, _params: dict[str, str], _query: Any, body: bytes) -> Reply:
+        doc = _json_object(body)
+        principal = doc.get("principal")
+        if not isinstance(principal, str):
+            raise BadRequest("principal is required", param="principal")
+        name = doc.get("name")
+        if name is not None and not isinstance(name, str):
+            raise BadRequest("name must be a string", param="name")
+        expires_at = None
+        if doc.get("expires_at") is not None:
+            try:
+                expires_at = parse_timestamp(doc["expires_at"])
+            except ValueError as exc:
+                raise BadRequest(f"expires_at {exc}", param="expires_at") from None
+        limits = _limits_arg(doc.get("limits"))
+        audit = AuditEntry(
+            caller.actor, "key.create", "", None, orjson.dumps({k: v for k, v in doc.items()}).decode()
+        )
+        key_id, secret = _write(
+            lambda: self.ctx.store.create_key(principal, name, expires_at, self.ctx.hash_key, limits, audit)
+        )
+        return (
+            201,
+            _JSON,
+            orjson.dumps({"id": key_id, "name": name, "principal": principal, "secret": secret}),
+        )
+
+    def revoke_key(self, caller: Caller, params: dict[str, str], *_: Any) -> Reply:
+        audit = AuditEntry(caller.actor, "key.revoke", "", None, None)
+        key_id = _write(lambda: self.ctx.store.revoke_key(params["key"], audit))
+        return _ok({"id": key_id, "revoked": True})
+
+    def get_config(self, *_: Any) -> Reply:
+        try:
+            text = dump_config(self.ctx.store.config_doc(), "exported by the admin API")
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        return 200, [("content-type", "application/toml")], text.encode()
+
+    def put_config(self, caller: Caller, _params: dict[str, str], _query: Any, body: bytes) -> Reply:
+        import tomllib
+
+        try:
+            data = tomllib.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise BadRequest(f"body is not TOML: {exc}") from None
+        cfg = parse_config(data, "body")
+        store = self.ctx.store
+
+        def apply() -> int:
+            before = dump_config(store.config_doc())
+            audit = AuditEntry(caller.actor, "config.apply", "config", before, dump_config(cfg))
+            return store.apply_config(cfg, hash_key=self.ctx.hash_key, audit=audit)
+
+        return _ok({"revision": _write(apply)})
+
+    def usage(
+        self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes
+    ) -> Reply:
+        now = time.time()
+        try:
+            start = since_arg(_one(query, "since") or "24h", now)
+            until = _one(query, "until")
+            end = since_arg(until, now) if until else now + 1
+        except ConfigError as exc:
+            raise BadRequest(exc.message, param="since") from None
+        by = _one(query, "by") or "principal"
+        if by not in ("principal", "model", "key", "backend"):
+            raise BadRequest("by must be principal, model, key or backend", param="by")
+        try:
+            rows = self.ctx.store.usage.summary(start, end, by)
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        groups = [
+            {
+                "group": r.group,
+                "requests": r.requests,
+                "errors": r.errors,
+                "prompt_tokens": r.prompt_tokens,
+                "completion_tokens": r.completion_tokens,
+                "total_tokens": r.total_tokens,
+                "cost": r.cost_nanos / NANOS,
+            }
+            for r in rows
+        ]
+        return _ok({"since": start, "until": end, "by": by, "groups": groups})
+
+    def budgets(self, *_: Any) -> Reply:
+        now = time.time()
+        out = []
+        try:
+            for p in self.ctx.store.principals():
+                if p.budget is None:
+                    continue
+                start, end = period_window(p.budget.period, now)
+                spent = self.ctx.store.usage.spend(start, end, [p.id])
+                tokens = sum(r.tokens for r in spent)
+                cost = sum(r.cost_nanos for r in spent)
+                out.append(
+                    {
+                        "principal": p.name,
+                        "period": p.budget.period,
+                        "window_start": start,
+                        "window_end": end,
+                        "tokens": tokens,
+                        "tokens_limit": p.budget.tokens,
+                        "cost": cost / NANOS,
+                        "cost_limit": p.budget.cost,
+                    }
+                )
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        return _ok(out)
+
+    def audit(
+        self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes
+    ) -> Reply:
+        raw = _one(query, "limit") or "100"
+        if not raw.isdigit() or not 0 < int(raw) <= 10_000:
+            raise BadRequest("limit must be an integer in 1..10000", param="limit")
+        try:
+            entries = self.ctx.store.audit_log(int(raw))
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        return _ok(
+            [
+                {"id": e.id, "ts": e.ts, "actor": e.actor, "action": e.action, "target": e.target,
+                 "before": e.before, "after": e.after}
+                for e in entries
+            ]
+        )  # fmt: skip
+
+    def openapi(self, *_: Any) -> Reply:
+        return _ok(openapi_document())
+
+    def _from_snapshot(self, what: str) -> Reply:
+        doc = self.ctx.current_doc()
+        if doc is None:
+            raise ServiceUnavailable("the store is unavailable and no snapshot was built yet")
+        if what == "principals":
+            body: Any = [
+                {"id": pid, "name": p["name"], "permissions": p.get("permissions", []), "models": p["models"]}
+                for pid, p in sorted(doc["principals"].items(), key=lambda item: item[1]["name"])
+            ]
+        else:
+            body = [
+                {"id": k["id"], "principal": doc["principals"][k["principal"]]["name"], "status": "active"}
+                for k in doc["keys"].values()
+                if k["principal"] in doc["principals"]
+            ]
+        return 200, [*_JSON, ("x-gateway-source", "snapshot")], orjson.dumps(body)
+
+
+def _ok(body: Any) -> Reply:
+    return 200, _JSON, orjson.dumps(body)
+
+
+def _write(operation: Callable[[], Any]) -> Any:
+    """Run a store write; a store that is down fails the request closed with 503."""
+    try:
+        return operation()
+    except ConfigError:
+        raise  # the caller's mistake (unknown principal, duplicate name...): its own 400
+    except StoreError as exc:
+        raise ServiceUnavailable(f"the store is unavailable, nothing was written: {exc.message}") from None
+
+
+def _one(query: dict[str, list[str]], name: str) -> str | None:
+    values = query.get(name)
+    return values[-1] if values else None
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body or b"{}")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body must be a JSON object")
+    return doc
+
+
+def _limits(spec: LimitsSpec | None) -> dict[str, int] | None:
+    if spec is None:
+        return None
+    values = {
+        "requests_per_minute": spec.requests_per_minute,
+        "tokens_per_minute": spec.tokens_per_minute,
+        "concurrent_requests": spec.concurrent_requests,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _limits_arg(value: Any) -> LimitsSpec | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("limits must be an object", param="limits")
+    fields = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+    unknown = set(value) - set(fields)
+    if unknown:
+        raise BadRequest(f"unknown limits: {', '.join(sorted(unknown))}", param="limits")
+    for name in fields:
+        if name in value and (problem := check_limit(value[name])):
+            raise BadRequest(f"limits.{name} {problem}", param=f"limits.{name}")
+    spec = LimitsSpec(*(value.get(name) for name in fields))
+    return None if spec.is_empty() else spec
+
+
+def openapi_document() -> dict[str, Any]:
+    """The admin API as OpenAPI 3.1, generated from ``ROUTES`` so the two cannot drift."""
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {
+            "summary": r.summary,
+            "operationId": r.handler,
+            "responses": {
+                "200": {"description": "OK"},
+                "401": {"description": "no or unknown key"},
+                "403": {"description": "the key's principal lacks the permission"},
+                "503": {"description": "the store is unavailable (writes)"},
+            },
+        }
+        if r.permission:
+            op["x-permission"] = r.permission
+            op["security"] = [{"adminKey": []}]
+        elif r.permission is None:
+            op["security"] = [{"adminKey": []}]
+        params = [seg[1:-1] for seg in r.path.split("/") if seg.startswith("{")]
+        if params:
+            op["parameters"] = [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}} for p in params
+            ]
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "gateway admin API", "version": "1"},
+        "paths": paths,
+        "components": {"securitySchemes": {"adminKey": {"type": "http", "scheme": "bearer"}}},
+    }

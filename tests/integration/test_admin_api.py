@@ -1,0 +1,157 @@
+"""The admin API on the control worker's admin port: every route checks its permission, keys made and
+revoked through it take effect on the proxies, config writes are applied and audited."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.controlplane.admin_api import ROUTES
+from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
+
+ADMIN_ROLES = """
+[[roles]]
+name = "operator"
+permissions = ["config:write", "key:create", "key:revoke", "usage:read"]
+
+[[roles]]
+name = "reader"
+permissions = ["config:read"]
+
+[[roles]]
+name = "accountant"
+permissions = ["usage:read"]
+
+[[principals]]
+name = "ops"
+roles = ["operator"]
+
+[[principals]]
+name = "viewer"
+roles = ["reader"]
+
+[[principals]]
+name = "finance"
+roles = ["accountant"]
+"""
+
+PERMISSIONS_OF = {
+    "ops": {"config:write", "config:read", "key:create", "key:revoke", "usage:read"},
+    "viewer": {"config:read"},
+    "finance": {"usage:read"},
+}
+
+
+@dataclass
+class Admin:
+    gw: Gateway
+    url: str
+    keys: dict[str, str]
+
+    def call(self, method: str, path: str, who: str | None, **kw: object) -> httpx.Response:
+        headers = {"authorization": f"Bearer {self.keys[who]}"} if who else {}
+        return httpx.request(method, self.url + path, headers=headers, timeout=10, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def admin(tmp_path: Path, mock_engine: MockEngine) -> Iterator[Admin]:
+    port = free_port()
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": mock_engine.url}, extra=ADMIN_ROLES),
+        workers=1,
+        extra=("--admin-port", str(port)),
+    )
+    try:
+        keys = {name: gw.create_key(name) for name in ("ops", "viewer", "finance", "alice")}
+        a = Admin(gw, f"http://127.0.0.1:{port}", keys)
+        # alice's key is created last: once it is known (403, not 401), all of them are.
+        wait_until(lambda: a.call("GET", "/admin/whoami", "alice").status_code == 403, what="keys live")
+        yield a
+    finally:
+        gw.stop()
+
+
+def _concrete(path: str) -> str:
+    return path.replace("{key}", "no-such-key")
+
+
+def test_every_route_checks_its_permission(admin: Admin) -> None:
+    for route in ROUTES:
+        path = _concrete(route.path)
+        body = {"content": b"{}"} if route.method in ("POST", "PUT") else {}
+        if route.permission == "":
+            assert admin.call(route.method, path, None).status_code == 200, route
+            continue
+        assert admin.call(route.method, path, None, **body).status_code == 401, route
+        assert admin.call(route.method, path, "alice", **body).status_code == 403, route  # model grants only
+        for who, perms in PERMISSIONS_OF.items():
+            status = admin.call(route.method, path, who, **body).status_code
+            if route.permission is None or route.permission in perms:
+                assert status not in (401, 403), (route, who, status)
+            else:
+                assert status == 403, (route, who, status)
+
+
+def test_a_key_made_through_the_api_works_and_revoking_it_stops_it(admin: Admin) -> None:
+    made = admin.call("POST", "/admin/keys", "ops", json={"principal": "alice", "name": "via-api"})
+    assert made.status_code == 201
+    secret = made.json()["secret"]
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+
+    def status() -> int:
+        return httpx.post(
+            admin.gw.url + "/v1/chat/completions", json=chat, headers={"authorization": f"Bearer {secret}"}
+        ).status_code
+
+    wait_until(lambda: status() == 200, timeout=5, what="new key live")
+    listed = admin.call("GET", "/admin/keys?principal=alice", "viewer").json()
+    assert {k["name"] for k in listed} >= {"via-api"}
+    assert all("secret" not in k for k in listed)
+    assert admin.call("DELETE", "/admin/keys/via-api", "ops").json() == {
+        "id": made.json()["id"],
+        "revoked": True,
+    }
+    wait_until(lambda: status() == 401, timeout=5, what="revoked key refused")
+    audit = admin.call("GET", "/admin/audit", "viewer").json()
+    assert [(e["action"], e["target"]) for e in audit[:2]] == [
+        ("key.revoke", made.json()["id"]),
+        ("key.create", made.json()["id"]),
+    ]
+    assert audit[0]["actor"].startswith("ops (key ")
+    assert admin.call("POST", "/admin/keys", "ops", json={"principal": "nobody"}).status_code == 400
+    assert admin.call("POST", "/admin/keys", "ops", content=b"[1]").status_code == 400
+    assert (
+        admin.call(
+            "POST", "/admin/keys", "ops", json={"principal": "alice", "limits": {"rpm": 1}}
+        ).status_code
+        == 400
+    )
+
+
+def test_config_round_trips_and_is_audited(admin: Admin) -> None:
+    exported = admin.call("GET", "/admin/config", "viewer")
+    assert exported.status_code == 200 and exported.headers["content-type"] == "application/toml"
+    changed = exported.text.replace('aliases = ["gpt-4o-mini"]', 'aliases = ["gpt-4o-mini", "assistant"]')
+    applied = admin.call("PUT", "/admin/config", "ops", content=changed.encode())
+    assert applied.status_code == 200 and applied.json()["revision"] > 0
+    entry = admin.call("GET", "/admin/audit?limit=1", "ops").json()[0]
+    assert entry["action"] == "config.apply"
+    assert '"assistant"' in entry["after"] and '"assistant"' not in entry["before"]
+    bad = admin.call("PUT", "/admin/config", "ops", content=b"[[backends]]\nname = 1\n")
+    assert bad.status_code == 400 and "backends[0].name" in bad.json()["error"]["message"]
+
+
+def test_usage_and_openapi(admin: Admin) -> None:
+    usage = admin.call("GET", "/admin/usage?since=1h&by=model", "finance")
+    assert usage.status_code == 200 and usage.json()["by"] == "model"
+    assert admin.call("GET", "/admin/usage?by=colour", "finance").status_code == 400
+    doc = httpx.get(admin.url + "/admin/openapi.json").json()
+    assert doc["openapi"].startswith("3.1")
+    assert {(p, m.upper()) for p, ops in doc["paths"].items() for m in ops} == {
+        (r.path, r.method) for r in ROUTES
+    }
