@@ -61,6 +61,8 @@ class ControlWorker:
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._store_failing = False
+        self._store_retry_at = 0.0
+        self._store_backoff = 0.5
         self._current: tuple[int, bytes] | None = None  # (revision, document) last built
         self._doc: dict[str, Any] | None = None
         self.store: Store
@@ -147,13 +149,19 @@ class ControlWorker:
         log.error("stopping with %d usage records still in the rings", self.sink.pending())
 
     def _guarded(self, step: Callable[[], object]) -> None:
-        """Run one step of the loop; a store that fails is logged (once per outage) and retried."""
+        """Run one step of the loop. A store that fails is logged once per outage and retried with backoff
+        (0.5 s doubling to 10 s), so that the loop, and the admin port it shares, stay responsive."""
+        if self._store_failing and time.monotonic() < self._store_retry_at:
+            return
         try:
             step()
         except StoreError as exc:
             if not self._store_failing:
                 log.error("store unavailable, will retry: %s", exc)
+                self._store_backoff = 0.5
             self._store_failing = True
+            self._store_retry_at = time.monotonic() + self._store_backoff
+            self._store_backoff = min(self._store_backoff * 2, 10.0)
             return
         if self._store_failing:
             log.info("store available again")

@@ -19,11 +19,21 @@ import pytest
 
 from gateway.config import Settings
 from gateway.controlplane.store import open_store
+from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
 
 TOKEN = secrets.token_urlsafe(24)
 HASH_KEY = secrets.token_hex(32)
 ENV = {"GATEWAY_CLUSTER_TOKEN": TOKEN, "GATEWAY_HASH_KEY": HASH_KEY}
+OPS = """
+[[roles]]
+name = "operator"
+permissions = ["config:write", "key:create", "key:revoke", "usage:read"]
+
+[[principals]]
+name = "ops"
+roles = ["operator"]
+"""
 
 
 @dataclass
@@ -86,7 +96,8 @@ def chat(gw: Gateway, key: str) -> httpx.Response:
 
 @pytest.fixture
 def cluster(tmp_path: Path, postgres_url: str, mock_engine: MockEngine) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, postgres_url, free_port(), basic_config({"a": mock_engine.url}), None, [])  # type: ignore[arg-type]  # control set below
+    config = basic_config({"a": mock_engine.url}, extra=OPS)
+    c = Cluster(tmp_path, postgres_url, free_port(), config, None, [])  # type: ignore[arg-type]  # control set below
     c.control = c.start_control()
     try:
         c.proxies = [c.start_proxy(), c.start_proxy()]
@@ -186,3 +197,42 @@ def test_proxy_role_refuses_to_start_without_what_it_needs(tmp_path: Path) -> No
             [*base, *args], cwd=ROOT, capture_output=True, text=True, env={**clean, **env}, timeout=30
         )
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_postgres_down_fails_writes_closed_keeps_reads_and_loses_no_usage(
+    cluster: Cluster, postgres_server: PostgresServer
+) -> None:
+    user = cluster.cli("keys", "create", "--principal", "root")  # root: model/* only, no admin rights
+    ops = cluster.cli("keys", "create", "--principal", "ops")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, user).status_code == 200, timeout=5, what="key live")
+    auth = {"authorization": f"Bearer {ops}"}
+    wait_until(
+        lambda: httpx.get(f"{cluster.admin_url}/admin/whoami", headers=auth).status_code == 200,
+        what="admin key live",
+    )
+    postgres_server.stop()
+    try:
+        made = httpx.post(
+            f"{cluster.admin_url}/admin/keys", json={"principal": "alice"}, headers=auth, timeout=15
+        )
+        assert made.status_code == 503
+        assert made.json()["error"]["code"] == "service_unavailable"
+        listed = httpx.get(f"{cluster.admin_url}/admin/principals", headers=auth, timeout=15)
+        assert listed.status_code == 200 and listed.headers["x-gateway-source"] == "snapshot"
+        assert "ops" in {p["name"] for p in listed.json()}
+        ids = set()
+        for i in range(20):
+            r = chat(cluster.proxies[i % 2], user)
+            assert r.status_code == 200
+            ids.add(r.headers["x-request-id"])
+        time.sleep(1.0)  # the proxies try to deliver, are refused with 503, and keep the batches
+    finally:
+        postgres_server.start()
+    wait_until(lambda: ids <= set(cluster.records()), timeout=40, what="usage delivered after the outage")
+    got = cluster.records()
+    assert len(got) == len(set(got))
+    made = httpx.post(
+        f"{cluster.admin_url}/admin/keys", json={"principal": "alice"}, headers=auth, timeout=15
+    )
+    assert made.status_code == 201  # writes work again

@@ -79,7 +79,7 @@ class _PgTransaction:
 class PostgresDriver:
     """A small pool of connections to one PostgreSQL database."""
 
-    def __init__(self, url: str, *, max_size: int = 4, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, max_size: int = 4, timeout: float = 2.0) -> None:
         self.url = url
         self._timeout = timeout
         try:
@@ -92,6 +92,9 @@ class PostgresDriver:
                 max_size=max_size,
                 timeout=timeout,
                 kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
+                # Checked when borrowed: after a database restart every pooled connection is dead, and
+                # this replaces them instead of failing one transaction per connection.
+                check=ConnectionPool.check_connection,
                 open=False,
             )
             self._pool.open(wait=True, timeout=timeout)
