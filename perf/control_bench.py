@@ -1,0 +1,178 @@
+"""``python -m perf.control_bench``: the control plane's own figures.
+
+- snapshot build time, document size and a proxy worker's decode time for 1k, 10k and 100k keys;
+- usage ingestion into the store, records per second, for SQLite and PostgreSQL (a throwaway cluster
+  from Debian's packages, as the tests start it; skipped when PostgreSQL is not installed);
+- time from a config write (``gateway keys create``) to every proxy worker of a running gateway
+  accepting the new key.
+
+I/O: temp directories, subprocesses (PostgreSQL, the gateway, the mock engine), loopback HTTP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+
+from gateway.config import Settings
+from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.snapshot_build import build_snapshot_doc
+from gateway.controlplane.store import Store, open_store
+from gateway.snapshot import Snapshot
+from gateway.usage_record import UsageRecord
+
+CONFIG = {
+    "backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
+    "provider_models": [{"name": "m", "backends": ["a"]}],
+    "models": [{"name": "chat", "chain": ["m"]}],
+    "roles": [{"name": "user", "permissions": ["model/chat"]}],
+    "principals": [{"name": f"p{i}", "roles": ["user"]} for i in range(100)],
+}
+
+
+def fill_keys(store: Store, n: int) -> None:
+    """n keys spread over the principals, inserted in one transaction (the CLI would take minutes)."""
+    principals = [p.id for p in store.principals()]
+    now = time.time()
+    with store._driver.transaction(write=True) as tx:  # a benchmark's shortcut around the CLI
+        tx.executemany(
+            "INSERT INTO api_keys (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, "
+            "managed_by) VALUES (?, NULL, ?, ?, ?, NULL, NULL, 'cli')",
+            [(f"k{i:08d}", principals[i % len(principals)], f"{i:064x}", now) for i in range(n)],
+        )
+        tx.execute("UPDATE config_revision SET revision = revision + 1 WHERE id = 1")
+
+
+def snapshot_figures(sizes: list[int]) -> list[str]:
+    rows = ["| keys | build ms | document KiB | decode ms (per proxy worker) |", "|---:|---:|---:|---:|"]
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as tmp, open_store(Settings(data_dir=Path(tmp))) as store:
+            store.apply_config(parse_config(CONFIG, "bench"))
+            fill_keys(store, n)
+            started = time.perf_counter()
+            blob = orjson.dumps(build_snapshot_doc(store))
+            built = time.perf_counter() - started
+            started = time.perf_counter()
+            snap = Snapshot.decode(blob, 1)
+            decoded = time.perf_counter() - started
+            assert len(snap.keys) == n
+            rows.append(f"| {n:,} | {built * 1000:.0f} | {len(blob) / 1024:,.0f} | {decoded * 1000:.0f} |")
+    return rows
+
+
+def records(n: int, offset: int) -> list[UsageRecord]:
+    return [
+        UsageRecord(
+            f"bench{offset + i:016x}",
+            time.time(),
+            "p1",
+            "k1",
+            "chat",
+            "a",
+            200,
+            12,
+            16,
+            0,
+            28,
+            "reported",
+            1234,
+            0.8,
+            0.7,
+            None,
+        )
+        for i in range(n)
+    ]
+
+
+def ingestion(store: Store, total: int = 40_960, batch: int = 2048) -> float:
+    started = time.perf_counter()
+    for offset in range(0, total, batch):
+        store.usage.insert(records(batch, offset))
+    return total / (time.perf_counter() - started)
+
+
+def ingestion_figures() -> list[str]:
+    rows = ["| store | records/s (batches of 2048) |", "|---|---:|"]
+    with tempfile.TemporaryDirectory() as tmp, open_store(Settings(data_dir=Path(tmp))) as store:
+        rows.append(f"| SQLite (WAL, synchronous=NORMAL) | {ingestion(store):,.0f} |")
+    try:
+        from tests.fixtures.postgres import PostgresServer, _bindir
+    except ImportError:
+        return rows
+    bindir = _bindir()
+    if bindir is None:
+        rows.append("| PostgreSQL | not installed |")
+        return rows
+    base = Path(tempfile.mkdtemp(prefix="gateway-bench-postgres-"))
+    server = PostgresServer(bindir, base)
+    server.start()
+    try:
+        url = server.url(server.create_database())
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            open_store(Settings(data_dir=Path(tmp), database=url)) as store,
+        ):
+            rate = ingestion(store)
+            rows.append(f"| PostgreSQL {bindir.parent.name} (fsync off, as the tests run it) | {rate:,.0f} |")
+    finally:
+        server.stop()
+    return rows
+
+
+def propagation_figures(rounds: int = 5) -> list[str]:
+    from tests.fixtures.processes import Gateway, MockEngine, basic_config
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        engine = MockEngine(tmp)
+        gw = Gateway(tmp, basic_config({"a": engine.url}), workers=2)
+        try:
+            delays = []
+            for _ in range(rounds):
+                key = gw.create_key("alice")
+                written = time.perf_counter()
+
+                def everywhere(key: str = key) -> bool:
+                    # Fresh connections, so SO_REUSEPORT reaches both workers.
+                    return all(
+                        httpx.get(
+                            gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}
+                        ).status_code
+                        == 200
+                        for _ in range(16)
+                    )
+
+                while not everywhere():
+                    time.sleep(0.01)
+                delays.append(time.perf_counter() - written)
+        finally:
+            gw.stop()
+            engine.stop()
+    return [
+        "| from `gateway keys create` returning to every proxy worker accepting the key | ms |",
+        "|---|---:|",
+        f"| median of {rounds} | {statistics.median(delays) * 1000:.0f} |",
+        f"| worst | {max(delays) * 1000:.0f} |",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m perf.control_bench", description=__doc__.split("\n")[0])
+    p.add_argument("--keys", default="1000,10000,100000", help="key counts for the snapshot figures")
+    args = p.parse_args(argv)
+    out = ["## Snapshot", "", *snapshot_figures([int(k) for k in args.keys.split(",")]), ""]
+    out += ["## Usage ingestion", "", *ingestion_figures(), ""]
+    out += ["## Config write to serving", "", *propagation_figures(), ""]
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
