@@ -60,6 +60,7 @@ class ControlWorker:
         self.sink: UsageSink | None = None
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
+        self._changed = asyncio.Event()
         self._store_failing = False
         self._store_retry_at = 0.0
         self._store_backoff = 0.5
@@ -83,12 +84,21 @@ class ControlWorker:
             refresh_interval=settings.budget_refresh_interval,
         )
         server = self._start_admin_server()
+        # Another process's write (a CLI, another control plane) wakes the loop at once where the database
+        # can say so (PostgreSQL NOTIFY); the revision poll stays the authority either way.
+        def changed(_revision: str) -> None:
+            loop.call_soon_threadsafe(self._changed.set)
+
+        unlisten = store.listen_revisions(changed)
         next_poll = 0.0
         try:
             while not self._stop.is_set():
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload_config()
+                if self._changed.is_set():
+                    self._changed.clear()
+                    next_poll = 0.0
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + settings.revision_poll_interval
                     self._guarded(lambda: self.publish_if_changed(store))
@@ -96,6 +106,8 @@ class ControlWorker:
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
             self.final_drain()
         finally:
+            if unlisten is not None:
+                unlisten()
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
@@ -168,7 +180,11 @@ class ControlWorker:
             self._store_failing = False
 
     async def _sleep(self, seconds: float) -> None:
-        waits = [asyncio.ensure_future(self._stop.wait()), asyncio.ensure_future(self._reload.wait())]
+        waits = [
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(self._reload.wait()),
+            asyncio.ensure_future(self._changed.wait()),
+        ]
         try:
             await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
         finally:

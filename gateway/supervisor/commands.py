@@ -45,6 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="all: control worker and proxies on one store (default); control: control worker and admin "
         "port only; proxy: proxies following --control-url",
     )
+    p.add_argument(
+        "--revision-poll-interval",
+        type=float,
+        help="seconds between the control worker's checks of the store's revision (0.25); with PostgreSQL, "
+        "NOTIFY wakes it at once anyway",
+    )
     p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
     p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
     p.add_argument(

@@ -236,3 +236,23 @@ def test_postgres_down_fails_writes_closed_keeps_reads_and_loses_no_usage(
         f"{cluster.admin_url}/admin/keys", json={"principal": "alice"}, headers=auth, timeout=15
     )
     assert made.status_code == 201  # writes work again
+
+
+def test_notify_wakes_the_control_plane_before_its_poll(
+    tmp_path: Path, postgres_url: str, mock_engine: MockEngine
+) -> None:
+    """With a revision poll of a minute, a key written by another process is live within a second or two:
+    PostgreSQL's NOTIFY told the control worker."""
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": mock_engine.url}),
+        workers=1,
+        extra=("--database", postgres_url, "--revision-poll-interval", "60"),
+    )
+    try:
+        key = gw.cli("keys", "create", "--principal", "alice", "--database", postgres_url).stdout.strip()
+        written = time.monotonic()
+        wait_until(lambda: chat(gw, key).status_code == 200, timeout=10, what="key live through NOTIFY")
+        assert time.monotonic() - written < 5
+    finally:
+        gw.stop()

@@ -37,6 +37,11 @@ class Transaction(Protocol):
 
     def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]: ...
 
+    def notify(self, channel: str, payload: str) -> None:
+        """Tell other processes watching the database, once the transaction commits (PostgreSQL's
+        NOTIFY); a no-op where the database has no such thing."""
+        ...
+
 
 class Driver(Protocol):
     def transaction(self, *, write: bool) -> AbstractContextManager[Transaction]:
@@ -78,6 +83,9 @@ class _SqliteTransaction:
             return self._conn.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise _map_error(exc) from exc
+
+    def notify(self, channel: str, payload: str) -> None:
+        pass  # one file, one host: the revision poll is all there is
 
 
 class SqliteDriver:

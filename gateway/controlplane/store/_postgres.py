@@ -13,7 +13,8 @@ I/O: the database connections.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,6 +76,12 @@ class _PgTransaction:
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
 
+    def notify(self, channel: str, payload: str) -> None:
+        try:
+            self._cur.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+        except psycopg.Error as exc:
+            raise _map_error(exc) from exc
+
 
 class PostgresDriver:
     """A small pool of connections to one PostgreSQL database."""
@@ -130,6 +137,34 @@ class PostgresDriver:
         finally:
             # The pool checks what it gets back: a connection left broken is discarded and replaced.
             self._pool.putconn(conn)
+
+    def listen(self, channel: str, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(payload)`` from a background thread for every NOTIFY on ``channel``; returns a
+        function that stops listening. The thread reconnects (every second) while the database is away;
+        what it may miss then, the caller's periodic poll catches."""
+        stop = threading.Event()
+        holder: dict[str, psycopg.Connection[Any]] = {}
+
+        def run() -> None:
+            while not stop.is_set():
+                try:
+                    with psycopg.connect(self.url, autocommit=True, connect_timeout=2) as conn:
+                        holder["conn"] = conn
+                        conn.execute(f"LISTEN {channel}")  # type: ignore[arg-type]  # a constant name
+                        while not stop.is_set():
+                            for note in conn.notifies(timeout=1.0):
+                                callback(note.payload)
+                except psycopg.Error:
+                    stop.wait(1.0)
+
+        thread = threading.Thread(target=run, name=f"listen-{channel}", daemon=True)
+        thread.start()
+
+        def close() -> None:
+            stop.set()
+            thread.join(timeout=3)
+
+        return close
 
     def close(self) -> None:
         self._pool.close()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -193,9 +193,14 @@ def _budget_from(values: Sequence[Any]) -> BudgetSpec | None:
     return BudgetSpec(period, tokens, None if cost is None else float(cost))
 
 
+REVISION_CHANNEL = "gateway_config"
+
+
 def _bump_revision(tx: Transaction) -> int:
     tx.execute("UPDATE config_revision SET revision = revision + 1 WHERE id = 1")
-    return int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+    revision = int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+    tx.notify(REVISION_CHANNEL, str(revision))  # delivered at commit, to every control plane listening
+    return revision
 
 
 def _check_hash_free(tx: Transaction, key_hash: str, key_id: str | None, what: str) -> None:
@@ -221,6 +226,12 @@ class Store:
 
     def close(self) -> None:
         self._driver.close()
+
+    def listen_revisions(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Have ``callback`` called (from another thread) whenever any process commits a new revision, or
+        return None where the database cannot tell (SQLite: poll ``revision()``)."""
+        listen = getattr(self._driver, "listen", None)
+        return None if listen is None else listen(REVISION_CHANNEL, callback)  # type: ignore[no-any-return]
 
     def revision(self) -> int:
         with self._driver.transaction(write=False) as tx:
