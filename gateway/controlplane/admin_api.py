@@ -1,12 +1,18 @@
 """The admin API under ``/admin/`` on the control worker's admin port.
 
-Authentication is an API key of a principal whose roles grant admin permissions (the automation path;
-``Authorization: Bearer <key>``), checked against the snapshot the control worker last built, so it costs
-no query and keeps working while the store is down. Each route needs one permission:
+Authentication is an API key of a principal whose roles grant admin permissions, either on every request
+(the automation path: ``Authorization: Bearer <key>``) or once, to open a session (``POST /admin/login``
+with ``{"key": ...}`` sets an HttpOnly, SameSite=Strict cookie valid for 8 hours; ``POST /admin/logout``
+ends it). Keys are checked against the snapshot the control worker last built, so the key path costs no
+query and keeps working while the store is down; sessions live in the store (only a keyed hash of their
+token), so every control plane of a cluster honours them, and a session ends with its key. Each route
+needs one permission:
 
 =====================  ======================================  ===============
 route                  what                                    permission
 =====================  ======================================  ===============
+POST /admin/login      open a session with an admin key        (none)
+POST /admin/logout     end the session                         (any admin key)
 GET /admin/whoami      the caller's principal and permissions  (any admin key)
 GET /admin/principals  principals, roles, limits, budgets      ``config:read``
 GET /admin/keys        keys (never secrets); ``?principal=``    ``config:read``
@@ -28,9 +34,10 @@ snapshot``). Errors use the OpenAI envelope. I/O: the store.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import parse_qs
 
@@ -52,6 +59,8 @@ from gateway.keys import hash_secret
 __all__ = ["ROUTES", "AdminApi", "AdminContext", "openapi_document"]
 
 _JSON = [("content-type", "application/json")]
+SESSION_COOKIE = "gw_admin_session"
+SESSION_TTL = 8 * 3600.0
 Reply = tuple[int, list[tuple[str, str]], bytes]
 MAX_BODY = 8 * 1024 * 1024
 
@@ -71,6 +80,7 @@ class Caller:
     principal: str
     key_id: str
     permissions: frozenset[str]
+    session: str | None = None  # the session token's hash, when the caller came with a session cookie
 
     @property
     def actor(self) -> str:
@@ -92,6 +102,8 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
+    Route("POST", "/admin/login", "", "login", "Open a session with an admin key (sets a cookie)"),
+    Route("POST", "/admin/logout", None, "logout", "End the session"),
     Route("GET", "/admin/whoami", None, "whoami", "The calling principal and its permissions"),
     Route("GET", "/admin/principals", "config:read", "principals", "Principals with roles, limits, budgets"),
     Route("GET", "/admin/keys", "config:read", "list_keys", "API keys (never their secrets)"),
@@ -137,7 +149,7 @@ class AdminApi:
                 if _match(route, route.method, path) is not None:
                     allowed.append(route.method)
                 continue
-            caller = None if route.permission == "" else self.authenticate(headers.get("authorization"))
+            caller = None if route.permission == "" else self.authenticate(headers)
             if caller is not None and route.permission and not caller.holds(route.permission):
                 raise Forbidden(f"{route.method} {route.path} needs the permission {route.permission}")
             handler: Callable[..., Reply] = getattr(self, route.handler)
@@ -146,15 +158,42 @@ class AdminApi:
             raise NotFound(f"{method} is not supported on {path} (use {', '.join(sorted(allowed))})")
         raise NotFound(f"no admin route {path}")
 
-    def authenticate(self, authorization: str | None) -> Caller:
-        if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
-            raise Unauthorized("Missing admin key: send it as `Authorization: Bearer <key>`")
+    def authenticate(self, headers: Any) -> Caller:
+        authorization = headers.get("authorization")
+        if authorization and authorization.startswith(("Bearer ", "bearer ")):
+            return self.caller_of_key(authorization[7:].strip())
+        token = _cookie(headers.get("cookie"), SESSION_COOKIE)
+        if token is None:
+            raise Unauthorized("Missing admin key: send `Authorization: Bearer <key>`, or log in")
+        try:
+            key_id = self.ctx.store.session_key(self._token_hash(token))
+        except StoreError as exc:
+            raise ServiceUnavailable(f"sessions are unavailable while the store is: {exc.message}") from None
+        if key_id is None:
+            raise Unauthorized("the session expired or ended; log in again")
+        doc = self._doc()
+        entry = next((k for k in doc["keys"].values() if str(k["id"]) == key_id), None)
+        if entry is None:
+            raise Unauthorized("the session's key was revoked")
+        return replace(self._caller(doc, entry), session=self._token_hash(token))
+
+    def caller_of_key(self, secret: str) -> Caller:
+        doc = self._doc()
+        entry = doc["keys"].get(hash_secret(secret, self.ctx.hash_key).hex())
+        if entry is None:
+            raise Unauthorized("Incorrect API key provided")
+        return self._caller(doc, entry)
+
+    def _doc(self) -> dict[str, Any]:
         doc = self.ctx.current_doc()
         if doc is None:
             raise ServiceUnavailable("the control plane has not built a snapshot yet")
-        entry = doc["keys"].get(hash_secret(authorization[7:].strip(), self.ctx.hash_key).hex())
-        if entry is None:
-            raise Unauthorized("Incorrect API key provided")
+        return doc
+
+    def _token_hash(self, token: str) -> str:
+        return hash_secret("session:" + token, self.ctx.hash_key).hex()
+
+    def _caller(self, doc: dict[str, Any], entry: dict[str, Any]) -> Caller:
         if entry.get("expires_at") is not None and entry["expires_at"] <= time.time():
             raise Unauthorized("This API key has expired")
         principal = doc["principals"].get(entry["principal"])
@@ -166,6 +205,32 @@ class AdminApi:
         return Caller(entry["principal"], principal["name"], str(entry["id"]), perms)
 
     # -- handlers: (caller, path params, query, body) -> reply ----------------------------------------
+    def login(self, _caller: None, _params: dict[str, str], _query: Any, body: bytes) -> Reply:
+        secret = _json_object(body).get("key")
+        if not isinstance(secret, str) or not secret:
+            raise BadRequest("key is required", param="key")
+        caller = self.caller_of_key(secret)
+        token = secrets.token_urlsafe(32)
+        expires = _write(
+            lambda: self.ctx.store.create_session(self._token_hash(token), caller.key_id, SESSION_TTL)
+        )
+        cookie = (
+            f"{SESSION_COOKIE}={token}; Path=/admin; HttpOnly; SameSite=Strict; Max-Age={int(SESSION_TTL)}"
+        )
+        body_out = {
+            "principal": caller.principal,
+            "permissions": sorted(caller.permissions),
+            "expires_at": expires,
+        }
+        return 200, [*_JSON, ("set-cookie", cookie)], orjson.dumps(body_out)
+
+    def logout(self, caller: Caller, *_: Any) -> Reply:
+        session = caller.session
+        if session is not None:
+            _write(lambda: self.ctx.store.end_session(session))
+        cookie = f"{SESSION_COOKIE}=; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=0"
+        return 200, [*_JSON, ("set-cookie", cookie)], orjson.dumps({"logged_out": session is not None})
+
     def whoami(self, caller: Caller, *_: Any) -> Reply:
         return _ok(
             {"principal": caller.principal, "key": caller.key_id, "permissions": sorted(caller.permissions)}
@@ -370,6 +435,14 @@ class AdminApi:
                 if k["principal"] in doc["principals"]
             ]
         return 200, [*_JSON, ("x-gateway-source", "snapshot")], orjson.dumps(body)
+
+
+def _cookie(header: str | None, name: str) -> str | None:
+    for part in (header or "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name and value:
+            return value
+    return None
 
 
 def _ok(body: Any) -> Reply:

@@ -508,6 +508,32 @@ class Store:
             _bump_revision(tx)
         return key_id
 
+    # --- admin sessions ---------------------------------------------------------------------------------
+
+    def create_session(self, token_hash: str, key_id: str, ttl: float) -> float:
+        """Record a session for ``key_id``; returns its expiry. Expired sessions are swept here too."""
+        now = time.time()
+        with self._driver.transaction(write=True) as tx:
+            tx.execute("DELETE FROM admin_sessions WHERE expires_at <= ?", (now,))
+            tx.execute(
+                "INSERT INTO admin_sessions (token_hash, key_id, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                (token_hash, key_id, now, now + ttl),
+            )
+        return now + ttl
+
+    def session_key(self, token_hash: str) -> str | None:
+        """The key id of a live session, or None."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                "SELECT key_id FROM admin_sessions WHERE token_hash = ? AND expires_at > ?",
+                (token_hash, time.time()),
+            )
+        return str(rows[0][0]) if rows else None
+
+    def end_session(self, token_hash: str) -> None:
+        with self._driver.transaction(write=True) as tx:
+            tx.execute("DELETE FROM admin_sessions WHERE token_hash = ?", (token_hash,))
+
     def audit_log(self, limit: int = 100) -> list[AuditEntry]:
         """The most recent audit entries, newest first."""
         with self._driver.transaction(write=False) as tx:
