@@ -27,6 +27,7 @@ class Settings:
     admin_host: str = "127.0.0.1"
     admin_port: int | None = None  # the control worker's admin port; --role control defaults it to 8081
     control_url: str | None = None  # --role proxy: the control plane's admin URL
+    report_interval: float = 10.0  # --role proxy: seconds between health reports to the control plane
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     data_dir: Path = Path("var/data")
     config_file: Path | None = None

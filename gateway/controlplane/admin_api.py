@@ -23,6 +23,7 @@ PUT /admin/config      apply a TOML configuration              ``config:write``
 GET /admin/usage       usage per principal/model/key/backend   ``usage:read``
 GET /admin/budgets     spend against each budget               ``usage:read``
 GET /admin/audit       the audit log, newest first             ``config:read``
+GET /admin/fleet       hosts, workers, backends (reports)      ``config:read``
 GET /admin/openapi.json  this API as OpenAPI 3.1               (none)
 =====================  ======================================  ===============
 
@@ -73,6 +74,8 @@ class AdminContext(Protocol):
 
     def current_doc(self) -> dict[str, Any] | None: ...
 
+    def fleet_view(self) -> list[dict[str, Any]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Caller:
@@ -116,6 +119,7 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/admin/budgets", "usage:read", "budgets", "Spend against every budget, current period"),
     Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
+    Route("GET", "/admin/fleet", "config:read", "fleet", "Hosts, workers and backends, from recent reports"),
     Route("GET", "/admin/openapi.json", "", "openapi", "This API as an OpenAPI document"),
 )
 
@@ -415,6 +419,9 @@ class AdminApi:
                 for e in entries
             ]
         )  # fmt: skip
+
+    def fleet(self, *_: Any) -> Reply:
+        return _ok({"hosts": self.ctx.fleet_view()})
 
     def openapi(self, *_: Any) -> Reply:
         return _ok(openapi_document())

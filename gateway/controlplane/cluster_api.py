@@ -6,6 +6,7 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
 - ``POST /cluster/usage``: a JSON array of usage records (each the array a proxy worker encoded); written
   idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
   the whole batch with 400, so the sender keeps it rather than losing it quietly.
+- ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view.
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
 Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
@@ -44,6 +45,8 @@ class SnapshotSource(Protocol):
 
     def store_usage(self, records: list[UsageRecord]) -> None: ...
 
+    def record_report(self, report: dict[str, Any]) -> None: ...
+
 
 class ClusterApp:
     """The RSGI application of the control worker's admin port."""
@@ -79,6 +82,15 @@ class ClusterApp:
             return self.snapshot(scope.headers.get("if-none-match"))
         if path == "/cluster/usage" and method == "POST":
             return self.usage(await proto())
+        if path == "/cluster/report" and method == "POST":
+            try:
+                report = orjson.loads(await proto())
+            except orjson.JSONDecodeError as exc:
+                raise BadRequest(f"report is not JSON: {exc}") from None
+            if not isinstance(report, dict):
+                raise BadRequest("a report is a JSON object")
+            self.source.record_report(report)
+            return 200, _JSON, b'{"recorded":true}'
         if path == "/cluster/healthz" and method == "GET":
             current = self.source.current_snapshot()
             health = {"status": "ok" if current else "starting", "revision": current[0] if current else None}

@@ -31,8 +31,10 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+import orjson
 
 from gateway.config import Settings
+from gateway.controlplane.fleet import host_report
 from gateway.native import UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
@@ -69,6 +71,7 @@ class RemoteControlWorker:
         if not token:
             raise ValueError("--role proxy needs GATEWAY_CLUSTER_TOKEN, the control plane's cluster token")
         self.settings = settings
+        self.shared = shared
         self.publisher = SnapshotPublisher(shared.snapshot)
         self.ring = UsageRing(shared.usage)
         self.client = httpx.Client(
@@ -85,6 +88,7 @@ class RemoteControlWorker:
         self._ship_at = 0.0
         self._ship_backoff = BACKOFF_FIRST
         self._down_since: float | None = None
+        self._report_at = 0.0
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -99,6 +103,9 @@ class RemoteControlWorker:
                     self.sync_snapshot()
                 if now >= self._ship_at:
                     self.ship_usage()
+                if now >= self._report_at:
+                    self._report_at = now + self.settings.report_interval
+                    self.report()
                 time.sleep(self.settings.usage_drain_interval)
             self.final_ship()
         finally:
@@ -179,6 +186,16 @@ class RemoteControlWorker:
         self.publisher.set_control_state(CONTROL_UNREACHABLE)
         self._sync_at = time.monotonic() + self._sync_backoff
         self._sync_backoff = min(self._sync_backoff * 2, BACKOFF_MAX)
+
+    # -- health ------------------------------------------------------------------------------------------
+    def report(self) -> None:
+        """Send this host's health report; a control plane that does not take it gets the next one."""
+        state = "ok" if self._down_since is None else "unreachable"
+        try:
+            body = orjson.dumps(host_report(self.settings, self.shared, {"control_plane": state}))
+            self.client.post("/cluster/report", content=body, headers={"content-type": "application/json"})
+        except (httpx.HTTPError, OSError) as exc:
+            log.debug("health report not sent: %s", exc)
 
     # -- usage -------------------------------------------------------------------------------------------
     def ship_usage(self) -> None:

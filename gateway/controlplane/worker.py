@@ -31,6 +31,7 @@ from gateway.config import Settings, load_hash_key
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
+from gateway.controlplane.fleet import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store
 from gateway.controlplane.usage_sink import UsageSink
@@ -61,6 +62,7 @@ class ControlWorker:
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._changed = asyncio.Event()
+        self.fleet = Fleet()
         self._store_failing = False
         self._store_retry_at = 0.0
         self._store_backoff = 0.5
@@ -84,6 +86,7 @@ class ControlWorker:
             refresh_interval=settings.budget_refresh_interval,
         )
         server = self._start_admin_server()
+
         # Another process's write (a CLI, another control plane) wakes the loop at once where the database
         # can say so (PostgreSQL NOTIFY); the revision poll stays the authority either way.
         def changed(_revision: str) -> None:
@@ -135,6 +138,13 @@ class ControlWorker:
 
     def current_doc(self) -> dict[str, Any] | None:
         return self._doc
+
+    def record_report(self, report: dict[str, Any]) -> None:
+        self.fleet.record(report)
+
+    def fleet_view(self) -> list[dict[str, Any]]:
+        own = host_report(self.settings, self.shared, {"control_plane": "self"})
+        return [own, *(r for r in self.fleet.view() if r.get("host") != own["host"])]
 
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 from urllib.parse import unquote_plus
@@ -26,6 +27,7 @@ from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, Payloa
 from gateway.keys import hash_secret
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
+from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import KeyEntry, Snapshot
 
 __all__ = ["ProxyApp"]
@@ -48,6 +50,7 @@ class ProxyApp:
         hash_key: bytes,
         reader: SnapshotReader | None,
         accounting: Accounting | None = None,
+        stats: tuple[WorkerStats, int] | None = None,
     ) -> None:
         self.settings = settings
         self.accounting = accounting
@@ -59,6 +62,11 @@ class ProxyApp:
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
         self._usage_task: asyncio.Task[None] | None = None
+        self._stats_task: asyncio.Task[None] | None = None
+        self.stats = stats  # (the host's statistics slots, this worker's slot)
+        self.in_flight = 0
+        self.requests = 0
+        self.started_at = time.time()
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -67,9 +75,11 @@ class ProxyApp:
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
+        if self.stats is not None:
+            self._stats_task = loop.create_task(self._publish_stats())
 
     def __rsgi_del__(self, loop: asyncio.AbstractEventLoop) -> None:
-        for task in (self._follow_task, self._usage_task):
+        for task in (self._follow_task, self._usage_task, self._stats_task):
             if task is not None:
                 task.cancel()
         if self.forwarder is not None:
@@ -92,6 +102,27 @@ class ProxyApp:
         self._models_cache = {}
         return True
 
+    async def _publish_stats(self) -> None:
+        """About once a second: this worker's counters, for the host's health reports."""
+        assert self.stats is not None
+        slots, index = self.stats
+        while True:
+            forwarder = self.forwarder
+            document = {
+                "pid": os.getpid(),
+                "started_at": self.started_at,
+                "in_flight": self.in_flight,
+                "requests": self.requests,
+                "generation": self.snapshot.generation,
+                "revision": self.snapshot.revision,
+                "usage_backlog": len(self.accounting.usage.backlog)
+                if self.accounting is not None and self.accounting.usage is not None
+                else 0,
+                "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
+            }
+            slots.write(index, orjson.dumps(document))
+            await asyncio.sleep(1.0)
+
     async def _follow_snapshots(self) -> None:
         interval = self.settings.snapshot_poll_interval
         while True:
@@ -102,6 +133,8 @@ class ProxyApp:
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         path: str = scope.path
         if path.startswith("/v1/"):
+            self.in_flight += 1
+            self.requests += 1
             try:
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
@@ -110,6 +143,8 @@ class ProxyApp:
                 # The answer is committed: returning ends the client's response where it stopped. With a
                 # declared length the client sees it short; a chunked one ends without its terminator event.
                 log.warning("%s", exc)
+            finally:
+                self.in_flight -= 1
             return
         if path == "/healthz":
             snap = self.snapshot

@@ -9,6 +9,7 @@ I/O: the upstream request through the worker's ``UpstreamClient``, and writes to
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from gateway.errors import GatewayError, UpstreamUnavailable
 from gateway.protocol.openai_request import RequestInfo, splice_model
 from gateway.snapshot import Route, Target
 
-__all__ = ["Attempted", "Forwarder", "RelayAborted", "UpstreamTimeout"]
+__all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
 
 
 class UpstreamTimeout(GatewayError):
@@ -54,9 +55,39 @@ def _upstream_headers(headers: list[tuple[str, str]], target: Target) -> list[tu
     return headers
 
 
+class BackendHealth:
+    """What this worker saw of one backend: answers, failures (connect errors, timeouts, 429 and 5xx),
+    the last failure, and requests in flight. Plain counters on the worker's loop; published about once a
+    second through the worker's statistics slot, never on the request path."""
+
+    __slots__ = ("answered", "failed", "in_flight", "last_error", "last_error_at")
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self.failed = 0
+        self.in_flight = 0
+        self.last_error = ""
+        self.last_error_at = 0.0
+
+    def fail(self, why: str) -> None:
+        self.failed += 1
+        self.last_error = why
+        self.last_error_at = time.time()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "answered": self.answered,
+            "failed": self.failed,
+            "in_flight": self.in_flight,
+            "last_error": self.last_error or None,
+            "last_error_at": self.last_error_at or None,
+        }
+
+
 class Forwarder:
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
+        self.health: dict[str, BackendHealth] = {}
 
     async def forward(
         self,
@@ -75,34 +106,46 @@ class Forwarder:
         target: Target | None = None
         for index, target in enumerate(targets):
             backend = target.backend
+            health = self.health.get(backend.name)
+            if health is None:
+                health = self.health[backend.name] = BackendHealth()
             payload = body
             if info is not None and target.upstream_model != info.model:
                 payload = splice_model(body, info, target.upstream_model)
+            health.in_flight += 1
             try:
-                resp = await self.client.request(
-                    backend.url,
-                    method,
-                    path_qs,
-                    _upstream_headers(headers, target),
-                    payload,
-                    connect_timeout=backend.connect_timeout,
-                    first_byte_timeout=backend.first_byte_timeout,
-                    read_timeout=backend.read_timeout,
-                )
-            except UpstreamError as exc:
-                last_error = exc
-                continue
-            status = resp.status
-            if (status == 429 or status >= 500) and index < last_index:
                 try:
-                    kept = (status, _response_headers(resp), await resp.read())
-                except UpstreamError:
-                    pass
-                finally:
-                    resp.release()
-                continue
-            await self._relay(proto, resp)
-            return Attempted(target, status, index + 1)
+                    resp = await self.client.request(
+                        backend.url,
+                        method,
+                        path_qs,
+                        _upstream_headers(headers, target),
+                        payload,
+                        connect_timeout=backend.connect_timeout,
+                        first_byte_timeout=backend.first_byte_timeout,
+                        read_timeout=backend.read_timeout,
+                    )
+                except UpstreamError as exc:
+                    health.fail(f"{type(exc).__name__}: {exc}")
+                    last_error = exc
+                    continue
+                status = resp.status
+                if status == 429 or status >= 500:
+                    health.fail(f"HTTP {status}")
+                    if index < last_index:
+                        try:
+                            kept = (status, _response_headers(resp), await resp.read())
+                        except UpstreamError:
+                            pass
+                        finally:
+                            resp.release()
+                        continue
+                else:
+                    health.answered += 1
+                await self._relay(proto, resp)
+                return Attempted(target, status, index + 1)
+            finally:
+                health.in_flight -= 1
         if kept is not None:
             status, hdrs, data = kept
             proto.response_bytes(status, hdrs, data)

@@ -54,4 +54,5 @@ class SharedRegions:
     buckets: memoryview  # rate buckets, concurrency gauges and budget spend
     usage: memoryview  # one usage-record ring per proxy worker
     holdings: memoryview  # the concurrency gauges each proxy worker holds (see dataplane.limits)
+    stats: memoryview  # each proxy worker's statistics, for health reports (see shm.worker_stats)
     epoch: str

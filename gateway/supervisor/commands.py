@@ -23,6 +23,7 @@ from gateway.dataplane.limits import HOLD_SLOTS
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
+from gateway.shm.worker_stats import region_bytes as stats_region_bytes
 from gateway.supervisor.process import Supervisor, WorkerSpec
 
 __all__ = ["register"]
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds between the control worker's checks of the store's revision (0.25); with PostgreSQL, "
         "NOTIFY wakes it at once anyway",
     )
+    p.add_argument("--report-interval", type=float, help="--role proxy: seconds between health reports (10)")
     p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
     p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
     p.add_argument(
@@ -145,8 +147,9 @@ def run_serve(args: argparse.Namespace) -> int:
     # Names this bucket table's lifetime in budget keys: spend counted live by an earlier table (before a
     # restart) or by another host is then never mistaken for this one's.
     holdings = Segment.create(workers * HOLD_SLOTS * 8)
+    stats = Segment.create(stats_region_bytes(workers))
     epoch = secrets.token_hex(8)
-    shared = SharedRegions(segment.buf, buckets.buf, rings.buf, holdings.buf, epoch)
+    shared = SharedRegions(segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch)
     specs = _worker_specs(settings, shared, hash_key)
     sup = Supervisor(
         specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json"
@@ -190,6 +193,7 @@ def run_serve(args: argparse.Namespace) -> int:
         buckets.close()
         rings.close()
         holdings.close()
+        stats.close()
 
 
 def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:

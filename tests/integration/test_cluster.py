@@ -64,7 +64,7 @@ class Cluster:
         return gw
 
     def start_proxy(self, data_dir: Path | None = None) -> Gateway:
-        extra = ("--role", "proxy", "--control-url", self.admin_url)
+        extra = ("--role", "proxy", "--control-url", self.admin_url, "--report-interval", "1")
         if data_dir is not None:
             extra += ("--data-dir", str(data_dir))
         return Gateway(self.tmp, None, workers=2, extra=extra, env=ENV)
@@ -256,3 +256,29 @@ def test_notify_wakes_the_control_plane_before_its_poll(
         assert time.monotonic() - written < 5
     finally:
         gw.stop()
+
+
+def test_fleet_view_lists_every_host_with_its_workers_and_backends(cluster: Cluster) -> None:
+    user = cluster.cli("keys", "create", "--principal", "root")
+    ops = cluster.cli("keys", "create", "--principal", "ops")
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, user).status_code == 200, timeout=5, what="key live")
+        for _ in range(5):
+            assert chat(proxy, user).status_code == 200
+    auth = {"authorization": f"Bearer {ops}"}
+
+    def proxies_seen() -> list[dict[str, object]]:
+        resp = httpx.get(f"{cluster.admin_url}/admin/fleet", headers=auth)
+        if resp.status_code != 200:
+            return []
+        hosts = [h for h in resp.json()["hosts"] if h["role"] == "proxy"]
+        done = [h for h in hosts if h["backends"].get("a", {}).get("answered", 0) >= 6]  # type: ignore[union-attr]
+        return done if len(done) == 2 else []
+
+    wait_until(lambda: bool(proxies_seen()), timeout=15, what="both proxies reported their traffic")
+    hosts = httpx.get(f"{cluster.admin_url}/admin/fleet", headers=auth).json()["hosts"]
+    assert [h["role"] for h in hosts].count("control") == 1
+    for host in (h for h in hosts if h["role"] == "proxy"):
+        assert len(host["proxy_workers"]) == 2
+        assert {w["kind"] for w in host["supervisor"]["workers"]} == {"control", "proxy"}
+        assert host["control_plane"] == "ok" and host["backends"]["a"]["failed"] == 0

@@ -1,0 +1,96 @@
+"""Health of the hosts of a cluster: what each host reports about itself, and the control plane's view.
+
+A host's report (``host_report``) gathers, without touching the request path: its role and listen
+address, the supervisor's state file (workers, pids, restarts), each proxy worker's statistics slot
+(requests in flight, backends' answers and failures, the snapshot revision it serves), and how much usage
+is waiting to leave the host. Proxy-role hosts send theirs every ``--report-interval`` seconds (10) to
+``POST /cluster/report``; a control plane keeps the reports it received for ``TTL`` seconds and answers
+``GET /admin/fleet`` with them plus its own host's. Reports live in the memory of the control plane that
+received them. I/O: the host's run-state file; shared memory reads.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+import orjson
+
+from gateway.config import Settings
+from gateway.native import UsageRing
+from gateway.shm.segment import SharedRegions
+from gateway.shm.worker_stats import WorkerStats
+
+__all__ = ["TTL", "Fleet", "host_report"]
+
+TTL = 30.0
+
+
+def host_report(
+    settings: Settings, shared: SharedRegions, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    try:
+        state = orjson.loads((settings.run_dir / "supervisor.json").read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        state = {}
+    stats = WorkerStats(shared.stats)
+    workers = []
+    backends: dict[str, dict[str, Any]] = {}
+    for index in range(stats.slots):
+        raw = stats.read(index)
+        if raw is None:
+            continue
+        doc = orjson.loads(raw)
+        workers.append({k: v for k, v in doc.items() if k != "backends"} | {"index": index})
+        for name, b in doc.get("backends", {}).items():
+            total = backends.setdefault(
+                name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
+            )
+            total["answered"] += b["answered"]
+            total["failed"] += b["failed"]
+            total["in_flight"] += b["in_flight"]
+            if b.get("last_error_at") and (total["last_error_at"] or 0) < b["last_error_at"]:
+                total["last_error"], total["last_error_at"] = b["last_error"], b["last_error_at"]
+    ring = UsageRing(shared.usage)
+    try:
+        pending = sum(ring.pending(i) for i in range(ring.rings))
+    finally:
+        ring.close()
+    return {
+        "host": f"{socket.gethostname()}:{settings.port}",
+        "role": settings.role,
+        "listen": f"{settings.host}:{settings.port}",
+        "pid": os.getpid(),
+        "reported_at": time.time(),
+        "supervisor": {
+            "pid": state.get("supervisor_pid"),
+            "workers": [
+                {k: w.get(k) for k in ("name", "kind", "pid", "uptime", "restarts")}
+                for w in state.get("workers", [])
+            ],
+        },
+        "proxy_workers": workers,
+        "in_flight": sum(w.get("in_flight", 0) for w in workers),
+        "backends": backends,
+        "usage_pending": pending + sum(w.get("usage_backlog", 0) for w in workers),
+        **(extra or {}),
+    }
+
+
+class Fleet:
+    """The reports a control plane received, each kept ``TTL`` seconds."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def record(self, report: dict[str, Any]) -> None:
+        host = str(report.get("host") or "unknown")
+        self._reports[host] = (time.monotonic(), report)
+
+    def view(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        for host in [h for h, (at, _) in self._reports.items() if now - at > TTL]:
+            del self._reports[host]
+        return [dict(report, age_s=round(now - at, 1)) for at, report in self._reports.values()]

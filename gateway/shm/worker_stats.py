@@ -1,0 +1,55 @@
+"""Per-worker statistics in shared memory: each proxy worker publishes a small JSON document about itself
+(in-flight requests, backends' answers and failures) about once a second, and the host's control slot
+reads them all for health reports. Nothing on the request path touches this segment.
+
+Layout: ``workers`` slots of ``SLOT_BYTES``; each slot is ``[u64 seq][u64 length][document]``. A slot has
+one writer (its worker); ``seq`` is odd while the writer is inside the slot, and a reader keeps a copy only
+if it saw the same even ``seq`` before and after. I/O: none beyond the mapping.
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = ["SLOT_BYTES", "WorkerStats", "region_bytes"]
+
+SLOT_BYTES = 16384
+_HEADER = struct.Struct("<QQ")
+
+
+def region_bytes(workers: int) -> int:
+    return max(1, workers) * SLOT_BYTES
+
+
+class WorkerStats:
+    def __init__(self, buf: memoryview) -> None:
+        self._buf = buf
+        self.slots = len(buf) // SLOT_BYTES
+
+    def write(self, index: int, document: bytes) -> bool:
+        """Publish ``document`` in slot ``index``; False when it does not fit (nothing is written)."""
+        if len(document) > SLOT_BYTES - _HEADER.size or not 0 <= index < self.slots:
+            return False
+        buf, base = self._buf, index * SLOT_BYTES
+        seq = _HEADER.unpack_from(buf, base)[0]
+        seq += 1 if seq % 2 == 0 else 0  # odd: inside (a writer that died inside leaves it odd: go on)
+        struct.pack_into("<Q", buf, base, seq)
+        start = base + _HEADER.size
+        buf[start : start + len(document)] = document
+        struct.pack_into("<QQ", buf, base, seq, len(document))
+        struct.pack_into("<Q", buf, base, seq + 1)
+        return True
+
+    def read(self, index: int, attempts: int = 100) -> bytes | None:
+        """Slot ``index``'s last document, or None when it has none (or its writer keeps writing)."""
+        buf, base = self._buf, index * SLOT_BYTES
+        for _ in range(attempts):
+            seq, length = _HEADER.unpack_from(buf, base)
+            if seq == 0:
+                return None
+            if seq % 2 or length > SLOT_BYTES - _HEADER.size:
+                continue
+            data = bytes(buf[base + _HEADER.size : base + _HEADER.size + length])
+            if _HEADER.unpack_from(buf, base)[0] == seq:
+                return data
+        return None
