@@ -6,7 +6,8 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
 - ``POST /cluster/usage``: a JSON array of usage records (each the array a proxy worker encoded); written
   idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
   the whole batch with 400, so the sender keeps it rather than losing it quietly.
-- ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view.
+- ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view;
+  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
 Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
@@ -45,7 +46,7 @@ class SnapshotSource(Protocol):
 
     def store_usage(self, records: list[UsageRecord]) -> None: ...
 
-    def record_report(self, report: dict[str, Any]) -> None: ...
+    def record_report(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class ClusterApp:
@@ -89,8 +90,7 @@ class ClusterApp:
                 raise BadRequest(f"report is not JSON: {exc}") from None
             if not isinstance(report, dict):
                 raise BadRequest("a report is a JSON object")
-            self.source.record_report(report)
-            return 200, _JSON, b'{"recorded":true}'
+            return 200, _JSON, orjson.dumps(self.source.record_report(report))
         if path == "/cluster/healthz" and method == "GET":
             current = self.source.current_snapshot()
             health = {"status": "ok" if current else "starting", "revision": current[0] if current else None}

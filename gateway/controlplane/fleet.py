@@ -19,11 +19,12 @@ from typing import Any
 import orjson
 
 from gateway.config import Settings
+from gateway.controlplane.shares import compute_shares
 from gateway.native import UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.worker_stats import WorkerStats
 
-__all__ = ["TTL", "Fleet", "host_report"]
+__all__ = ["TTL", "Fleet", "host_report", "traffic_totals"]
 
 TTL = 30.0
 
@@ -38,12 +39,12 @@ def host_report(
     stats = WorkerStats(shared.stats)
     workers = []
     backends: dict[str, dict[str, Any]] = {}
-    for index in range(stats.slots):
+    for index in range(stats.slots - 1):  # the last slot is the host's own (see worker_stats)
         raw = stats.read(index)
         if raw is None:
             continue
         doc = orjson.loads(raw)
-        workers.append({k: v for k, v in doc.items() if k != "backends"} | {"index": index})
+        workers.append({k: v for k, v in doc.items() if k not in ("backends", "traffic")} | {"index": index})
         for name, b in doc.get("backends", {}).items():
             total = backends.setdefault(
                 name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
@@ -79,18 +80,51 @@ def host_report(
     }
 
 
+def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int]]:
+    """Each proxy worker's requests admitted per rate-limit scope since it started, by (slot, pid)."""
+    stats = WorkerStats(shared.stats)
+    out: dict[tuple[int, int], dict[str, int]] = {}
+    for index in range(stats.slots - 1):
+        raw = stats.read(index)
+        if raw is not None:
+            doc = orjson.loads(raw)
+            out[(index, int(doc.get("pid", 0)))] = doc.get("traffic", {})
+    return out
+
+
 class Fleet:
-    """The reports a control plane received, each kept ``TTL`` seconds."""
+    """The reports a control plane received, each kept ``TTL`` seconds, and the rate-limit shares they
+    imply for proxy-role hosts (``gateway.controlplane.shares``)."""
 
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        # Recent traffic per host and scope: an exponential average over report windows (half from the
+        # last window), so that a quiet window does not throw a busy host back to its floor at once.
+        self._recent: dict[str, dict[str, float]] = {}
 
-    def record(self, report: dict[str, Any]) -> None:
+    def record(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Keep a report; returns the reporting host's shares: ``{"shares": {scope: share},
+        "default_share": 1/hosts, "hosts": n}``."""
         host = str(report.get("host") or "unknown")
         self._reports[host] = (time.monotonic(), report)
+        window = report.get("traffic") or {}
+        recent = self._recent.setdefault(host, {})
+        for scope in set(recent) | set(window):
+            value = 0.5 * recent.get(scope, 0.0) + 0.5 * float(window.get(scope, 0))
+            if value < 0.01:
+                recent.pop(scope, None)
+            else:
+                recent[scope] = value
+        self.view()  # drop the expired, so that they stop counting as hosts
+        proxies = sorted(h for h, (_, r) in self._reports.items() if r.get("role") == "proxy")
+        if host not in proxies:
+            return {"shares": {}, "default_share": 1.0, "hosts": len(proxies)}
+        shares = compute_shares({h: self._recent.get(h, {}) for h in proxies}, proxies)
+        return {"shares": shares[host], "default_share": 1.0 / len(proxies), "hosts": len(proxies)}
 
     def view(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         for host in [h for h, (at, _) in self._reports.items() if now - at > TTL]:
             del self._reports[host]
+            self._recent.pop(host, None)
         return [dict(report, age_s=round(now - at, 1)) for at, report in self._reports.values()]

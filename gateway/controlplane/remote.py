@@ -34,7 +34,7 @@ import httpx
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.fleet import host_report
+from gateway.controlplane.fleet import host_report, traffic_totals
 from gateway.native import UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
@@ -43,6 +43,7 @@ from gateway.shm.snapshot_slot import (
     PublishRefused,
     SnapshotPublisher,
 )
+from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
 
 __all__ = ["RemoteControlWorker", "run_remote_control_worker"]
@@ -89,6 +90,8 @@ class RemoteControlWorker:
         self._ship_backoff = BACKOFF_FIRST
         self._down_since: float | None = None
         self._report_at = 0.0
+        self._traffic_seen: dict[tuple[int, int], dict[str, int]] = {}
+        self.host_slot = WorkerStats(shared.stats)
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -189,13 +192,28 @@ class RemoteControlWorker:
 
     # -- health ------------------------------------------------------------------------------------------
     def report(self) -> None:
-        """Send this host's health report; a control plane that does not take it gets the next one."""
+        """Send this host's health report with the requests each rate-limit scope admitted since the last
+        one, and hand the shares the control plane answers with to the proxy workers. A control plane
+        that does not answer gets the next report; the workers keep the shares they have."""
         state = "ok" if self._down_since is None else "unreachable"
+        totals = traffic_totals(self.shared)
+        traffic: dict[str, int] = {}
+        for worker, counts in totals.items():
+            before = self._traffic_seen.get(worker, {})  # a restarted worker (new pid) starts from zero
+            for scope, n in counts.items():
+                traffic[scope] = traffic.get(scope, 0) + n - before.get(scope, 0)
+        extra = {"control_plane": state, "traffic": traffic}
         try:
-            body = orjson.dumps(host_report(self.settings, self.shared, {"control_plane": state}))
-            self.client.post("/cluster/report", content=body, headers={"content-type": "application/json"})
+            body = orjson.dumps(host_report(self.settings, self.shared, extra))
+            resp = self.client.post(
+                "/cluster/report", content=body, headers={"content-type": "application/json"}
+            )
         except (httpx.HTTPError, OSError) as exc:
             log.debug("health report not sent: %s", exc)
+            return
+        self._traffic_seen = totals
+        if resp.status_code == 200:
+            self.host_slot.write(self.host_slot.slots - 1, resp.content)
 
     # -- usage -------------------------------------------------------------------------------------------
     def ship_usage(self) -> None:

@@ -139,8 +139,8 @@ class ControlWorker:
     def current_doc(self) -> dict[str, Any] | None:
         return self._doc
 
-    def record_report(self, report: dict[str, Any]) -> None:
-        self.fleet.record(report)
+    def record_report(self, report: dict[str, Any]) -> dict[str, Any]:
+        return self.fleet.record(report)
 
     def fleet_view(self) -> list[dict[str, Any]]:
         own = host_report(self.settings, self.shared, {"control_plane": "self"})

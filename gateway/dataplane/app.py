@@ -120,6 +120,13 @@ class ProxyApp:
                 else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
             }
+            limiter = self.accounting.limiter if self.accounting is not None else None
+            if limiter is not None and limiter.shares is not None:
+                document["traffic"] = dict(limiter.traffic)
+                host = slots.read(slots.slots - 1)
+                if host:
+                    given = orjson.loads(host)
+                    limiter.set_shares(given.get("shares", {}), float(given.get("default_share", 1.0)))
             slots.write(index, orjson.dumps(document))
             await asyncio.sleep(1.0)
 

@@ -85,9 +85,21 @@ class Ticket:
 
 
 class Limiter:
-    def __init__(self, table: BucketTable, holdings: Holdings | None = None) -> None:
+    """``shared=True`` on proxy-role hosts: each scope's limits are scaled by this host's share of them
+    (``set_shares``, from the control plane; see ``gateway.controlplane.shares``), and the requests each
+    scope admits are counted in ``traffic`` for the next reconciliation."""
+
+    def __init__(self, table: BucketTable, holdings: Holdings | None = None, *, shared: bool = False) -> None:
         self.table = table
         self.holdings = holdings
+        self.shares: dict[str, float] | None = {} if shared else None
+        self.default_share = 1.0
+        self.traffic: dict[str, int] = {}
+
+    def set_shares(self, shares: dict[str, float], default: float) -> None:
+        if self.shares is not None:
+            self.shares = shares
+            self.default_share = default
 
     def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
         """Take what the request needs from every scope, or take nothing and raise RateLimited."""
@@ -101,11 +113,18 @@ class Limiter:
         taken, reserved, held = ticket.taken, ticket.reserved, ticket.held
         requests: tuple[int, int, float] | None = None  # the tightest bucket: (remaining, limit, rate)
         tokens_left: tuple[int, int, float] | None = None
+        shares = self.shares
         try:
             for scope in (principal.limits, key.limits, model_limits):
                 if scope is None:
                     continue
+                share = 1.0
+                if shares is not None:
+                    share = shares.get(scope.scope, self.default_share)
+                    self.traffic[scope.scope] = self.traffic.get(scope.scope, 0) + 1
                 for counts_tokens, limit, bucket, rate in scope.rates:
+                    if share != 1.0:  # this host's part of a limit shared across hosts
+                        limit, rate = max(1, int(limit * share)), rate * share
                     # A request bigger than the burst still fits an empty bucket.
                     units = (tokens if tokens < limit else limit) if counts_tokens else 1
                     got = take(bucket, rate, limit, units)
@@ -120,13 +139,16 @@ class Limiter:
                     elif requests is None or got.remaining < requests[0]:
                         requests = (got.remaining, limit, rate)
                 if scope.concurrency is not None:
+                    concurrency = (
+                        scope.concurrency if share == 1.0 else max(1, int(scope.concurrency * share))
+                    )
                     # Noted before it is taken: a crash in between makes the successor release one
                     # that was never taken (briefly admitting one more), never leak one for good.
                     slot = self.holdings.note(scope.concurrency_key) if self.holdings is not None else -1
-                    if not table.acquire(scope.concurrency_key, scope.concurrency):
+                    if not table.acquire(scope.concurrency_key, concurrency):
                         if self.holdings is not None:
                             self.holdings.erase(slot)
-                        raise _refused("concurrent requests", scope.concurrency, 1.0)
+                        raise _refused("concurrent requests", concurrency, 1.0)
                     held.append((scope.concurrency_key, slot))
         except RateLimited:
             for bucket, rate, units in taken:  # nothing a refused request took may stay taken

@@ -43,7 +43,8 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     if released:
         log.warning("released %d concurrency places the previous proxy worker %d held", released, index + 1)
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
-    accounting = Accounting(Limiter(table, holdings), BudgetGuard(table, shared.epoch), usage)
+    limiter = Limiter(table, holdings, shared=settings.role == "proxy")
+    accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage)
     app = ProxyApp(
         settings, hash_key, SnapshotReader(shared.snapshot), accounting, (WorkerStats(shared.stats), index)
     )

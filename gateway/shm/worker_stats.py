@@ -18,7 +18,9 @@ _HEADER = struct.Struct("<QQ")
 
 
 def region_bytes(workers: int) -> int:
-    return max(1, workers) * SLOT_BYTES
+    """One slot per proxy worker, and a last one for the host: what its control slot tells the workers
+    (on proxy-role hosts, their shares of rate limits)."""
+    return (max(1, workers) + 1) * SLOT_BYTES
 
 
 class WorkerStats:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from gateway.config import Settings
+from gateway.controlplane.shares import overshoot_bound
 from gateway.controlplane.store import open_store
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
@@ -33,6 +35,11 @@ permissions = ["config:write", "key:create", "key:revoke", "usage:read"]
 [[principals]]
 name = "ops"
 roles = ["operator"]
+
+[[principals]]
+name = "limited"
+roles = ["chatter"]
+limits = { requests_per_minute = 100 }
 """
 
 
@@ -282,3 +289,33 @@ def test_fleet_view_lists_every_host_with_its_workers_and_backends(cluster: Clus
         assert len(host["proxy_workers"]) == 2
         assert {w["kind"] for w in host["supervisor"]["workers"]} == {"control", "proxy"}
         assert host["control_plane"] == "ok" and host["backends"]["a"]["failed"] == 0
+
+
+def test_a_limit_is_shared_across_hosts_within_its_bound(cluster: Cluster) -> None:
+    """100 requests per minute over two proxy hosts: after traffic went to one host only, that host holds
+    most of the limit and the idle one its floor (half); a burst at both then admits at most the documented
+    bound, (2H - 1)/H = 1.5 times the limit, and the idle host admits its floor."""
+    key = cluster.cli("keys", "create", "--principal", "limited")
+    busy, idle = cluster.proxies
+    started = time.monotonic()
+    probes = 0
+    for proxy in cluster.proxies:
+        wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
+        probes += 1
+    first = sum(chat(busy, key).status_code == 200 for _ in range(40))
+    assert first == 40  # within the busy host's share even before any reconciliation (half of 100)
+    time.sleep(2.5)  # reports every second: the busy host's share grows, the idle one keeps its floor
+
+    def burst(proxy: Gateway) -> list[int]:
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(lambda _: chat(proxy, key).status_code, range(150)))
+
+    with ThreadPoolExecutor(2) as pool:
+        at_busy, at_idle = pool.map(burst, [busy, idle])
+    elapsed = time.monotonic() - started
+    ok_busy, ok_idle = at_busy.count(200), at_idle.count(200)
+    assert at_busy.count(200) + at_busy.count(429) == 150 and at_idle.count(200) + at_idle.count(429) == 150
+    total = probes + first + ok_busy + ok_idle
+    refill = int(elapsed * 1.5 * 100 / 60) + 1  # what the shares refill at most while the test runs
+    assert total <= overshoot_bound(2) * 100 + refill, (first, ok_busy, ok_idle, elapsed)
+    assert ok_idle >= 50 - 1  # its floor: half the limit, less the one probe it admitted
