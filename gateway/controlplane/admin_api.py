@@ -20,7 +20,8 @@ POST /admin/keys       create a key; the secret is shown once  ``key:create``
 DELETE /admin/keys/ID  revoke a key by id or name              ``key:revoke``
 GET /admin/config      the configuration as TOML               ``config:read``
 PUT /admin/config      apply a TOML configuration              ``config:write``
-GET /admin/usage       usage per principal/model/key/backend   ``usage:read``
+GET /admin/usage       usage per principal/model/key/backend,  ``usage:read``
+                       and per minute/hour/day (``?bucket=``)
 GET /admin/budgets     spend against each budget               ``usage:read``
 GET /admin/audit       the audit log, newest first             ``config:read``
 GET /admin/fleet       hosts, workers, backends (reports)      ``config:read``
@@ -60,6 +61,7 @@ from gateway.keys import hash_secret
 __all__ = ["ROUTES", "AdminApi", "AdminContext", "openapi_document"]
 
 _JSON = [("content-type", "application/json")]
+_BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
 SESSION_COOKIE = "gw_admin_session"
 SESSION_TTL = 8 * 3600.0
 Reply = tuple[int, list[tuple[str, str]], bytes]
@@ -357,8 +359,12 @@ class AdminApi:
         by = _one(query, "by") or "principal"
         if by not in ("principal", "model", "key", "backend"):
             raise BadRequest("by must be principal, model, key or backend", param="by")
+        bucket_name = _one(query, "bucket")
+        bucket = _BUCKETS.get(bucket_name) if bucket_name else None
+        if bucket_name and bucket is None:
+            raise BadRequest("bucket must be minute, hour or day", param="bucket")
         try:
-            rows = self.ctx.store.usage.summary(start, end, by)
+            rows = self.ctx.store.usage.summary(start, end, by, bucket)
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
         groups = [
@@ -370,10 +376,11 @@ class AdminApi:
                 "completion_tokens": r.completion_tokens,
                 "total_tokens": r.total_tokens,
                 "cost": r.cost_nanos / NANOS,
+                **({"bucket_start": r.bucket_start} if bucket else {}),
             }
             for r in rows
         ]
-        return _ok({"since": start, "until": end, "by": by, "groups": groups})
+        return _ok({"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups})
 
     def budgets(self, *_: Any) -> Reply:
         now = time.time()

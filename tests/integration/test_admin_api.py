@@ -150,6 +150,9 @@ def test_usage_and_openapi(admin: Admin) -> None:
     usage = admin.call("GET", "/admin/usage?since=1h&by=model", "finance")
     assert usage.status_code == 200 and usage.json()["by"] == "model"
     assert admin.call("GET", "/admin/usage?by=colour", "finance").status_code == 400
+    assert admin.call("GET", "/admin/usage?bucket=week", "finance").status_code == 400
+    hourly = admin.call("GET", "/admin/usage?bucket=hour", "finance").json()
+    assert hourly["bucket"] == "hour" and all("bucket_start" in g for g in hourly["groups"])
     doc = httpx.get(admin.url + "/admin/openapi.json").json()
     assert doc["openapi"].startswith("3.1")
     assert {(p, m.upper()) for p, ops in doc["paths"].items() for m in ops} == {

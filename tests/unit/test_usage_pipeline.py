@@ -157,6 +157,20 @@ def test_summary_groups_and_counts_errors(store: Store) -> None:
         store.usage.summary(*DAY, "colour")
 
 
+def test_summary_by_time_bucket(store: Store) -> None:
+    hour = DAY[0] + 3600 * 5
+    store.usage.insert(
+        [
+            rec(1, ts=hour + 1),
+            rec(2, ts=hour + 3599.9),
+            rec(3, ts=hour + 3600),
+            rec(4, ts=hour + 7300, model="x"),
+        ]
+    )
+    rows = [(r.bucket_start, r.group, r.requests) for r in store.usage.summary(*DAY, "model", 3600)]
+    assert rows == [(hour, "chat", 2), (hour + 3600, "chat", 1), (hour + 7200, "x", 1)]
+
+
 # ---- the sink ----------------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ half-way. This is the only module that touches ``sqlite3``: every ``sqlite3.Erro
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -103,6 +104,10 @@ class SqliteDriver:
             # last commits, which an operator can re-apply.
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA foreign_keys = ON")
+            try:
+                self._conn.execute("SELECT floor(1.5)")
+            except sqlite3.OperationalError:  # an SQLite built without its math functions
+                self._conn.create_function("floor", 1, math.floor, deterministic=True)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {path}: {exc}") from exc
         self._lock = threading.Lock()

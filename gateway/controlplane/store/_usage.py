@@ -45,6 +45,7 @@ class UsageSummaryRow:
     total_tokens: int
     cost_nanos: int
     errors: int  # requests whose status was not 2xx
+    bucket_start: float | None = None  # unix seconds, when grouped by time bucket too
 
 
 class UsageStore:
@@ -97,8 +98,9 @@ class UsageStore:
             rows = tx.query(sql + " GROUP BY principal_id, budget_key", params)
         return [SpendRow(r[0], to_unsigned64(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in rows]
 
-    def summary(self, start: float, end: float, by: str) -> list[UsageSummaryRow]:
-        """Totals for records that ended in [start, end), grouped by principal name, key or model."""
+    def summary(self, start: float, end: float, by: str, bucket: int | None = None) -> list[UsageSummaryRow]:
+        """Totals for records that ended in [start, end), grouped by principal name, key, model or backend,
+        and by time bucket of ``bucket`` seconds (aligned to the Unix epoch) when given."""
         group = {
             "principal": "COALESCE(p.name, u.principal_id)",
             "key": "u.key_id",
@@ -107,15 +109,28 @@ class UsageStore:
         }.get(by)
         if group is None:
             raise ValueError(f"cannot group usage by {by!r}")
-        sql = (
-            f"SELECT {group}, COUNT(*), SUM(u.prompt_tokens), SUM(u.completion_tokens), SUM(u.total_tokens), "
-            "SUM(u.cost_nanos), SUM(CASE WHEN u.status >= 200 AND u.status < 300 THEN 0 ELSE 1 END) "
-            "FROM usage_records u LEFT JOIN principals p ON p.id = u.principal_id "
-            f"WHERE u.ts >= ? AND u.ts < ? GROUP BY {group} ORDER BY {group}"
+        sums = (
+            "COUNT(*), SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens), SUM(cost_nanos), "
+            "SUM(CASE WHEN status >= 200 AND status < 300 THEN 0 ELSE 1 END)"
         )
+        inner = (
+            f"SELECT {group} AS g, floor(u.ts / ?) * ? AS b, u.prompt_tokens, u.completion_tokens, "
+            "u.total_tokens, u.cost_nanos, u.status FROM usage_records u "
+            "LEFT JOIN principals p ON p.id = u.principal_id WHERE u.ts >= ? AND u.ts < ?"
+        )
+        size = float(bucket) if bucket else 1e12  # one bucket for everything when not asked
         with self._driver.transaction(write=False) as tx:
-            rows = tx.query(sql, (start, end))
-        return [UsageSummaryRow(str(r[0]), *(int(v or 0) for v in r[1:7])) for r in rows]
+            rows = tx.query(
+                f"SELECT g, b, {sums} FROM ({inner}) t GROUP BY g, b ORDER BY b, g", (size, size, start, end)
+            )
+        out = []
+        for r in rows:
+            requests, prompt, completion, total, cost, errors = (int(v or 0) for v in r[2:8])
+            start_of = float(r[1]) if bucket else None
+            out.append(
+                UsageSummaryRow(str(r[0]), requests, prompt, completion, total, cost, errors, start_of)
+            )
+        return out
 
     def records(self, *, limit: int = 100, principal_id: str | None = None) -> list[UsageRecord]:
         """The most recent records, newest first."""
