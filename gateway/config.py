@@ -28,6 +28,9 @@ class Settings:
     admin_port: int | None = None  # the control worker's admin port; --role control defaults it to 8081
     control_url: str | None = None  # --role proxy: the control plane's admin URL
     report_interval: float = 10.0  # --role proxy: seconds between health reports to the control plane
+    admin_tls_cert: Path | None = None  # serve the admin port over TLS with this certificate chain (PEM)
+    admin_tls_key: Path | None = None
+    control_ca: Path | None = None  # --role proxy: CA bundle that signed the control plane's certificate
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     data_dir: Path = Path("var/data")
     config_file: Path | None = None

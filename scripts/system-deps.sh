@@ -8,6 +8,7 @@ need() { command -v "$1" >/dev/null 2>&1 || [ -x "$2" ] || want+=("$3"); }
 case "${1:-test}" in
     test)
         need git /usr/bin/git git
+        need openssl /usr/bin/openssl openssl   # the TLS tests make their own throwaway CA
         # The server binaries live outside PATH on Debian (/usr/lib/postgresql/N/bin); any N will do.
         ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || want+=(postgresql)
         ;;

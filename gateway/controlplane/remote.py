@@ -35,6 +35,7 @@ import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.fleet import host_report, traffic_totals
+from gateway.dataplane.upstream import make_ssl_context
 from gateway.native import UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
@@ -79,6 +80,7 @@ class RemoteControlWorker:
             base_url=settings.control_url.rstrip("/"),
             headers={"authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(10.0, connect=2.0),
+            verify=make_ssl_context(str(settings.control_ca) if settings.control_ca else None),
         )
         self.last_known_good = settings.data_dir / "last-known-good.json"
         self.spool = settings.data_dir / "usage-spool"

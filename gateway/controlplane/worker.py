@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from granian.constants import Interfaces
+from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from gateway.config import Settings, load_hash_key
@@ -128,8 +128,12 @@ class ControlWorker:
             port=settings.admin_port,
             interface=Interfaces.RSGI,
             log_enabled=False,
+            ssl_cert=settings.admin_tls_cert,
+            ssl_key=settings.admin_tls_key,
+            ssl_protocol_min=SSLProtocols.tls12,
         )
-        log.info("admin port on http://%s:%d", settings.admin_host, settings.admin_port)
+        scheme = "https" if settings.admin_tls_cert else "http"
+        log.info("admin port on %s://%s:%d", scheme, settings.admin_host, settings.admin_port)
         return server, asyncio.get_running_loop().create_task(server.serve())
 
     # -- what the cluster API asks of the control worker ------------------------------------------------

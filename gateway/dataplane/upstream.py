@@ -34,8 +34,11 @@ HOP_BY_HOP = frozenset(
 )
 
 
-def make_ssl_context() -> ssl.SSLContext:
-    """System roots first; the bundled Mozilla set (certifi) when the system has none."""
+def make_ssl_context(cafile: str | None = None) -> ssl.SSLContext:
+    """Verification against ``cafile`` when given; else system roots first, and the bundled Mozilla set
+    (certifi) when the system has none."""
+    if cafile is not None:
+        return ssl.create_default_context(cafile=cafile)
     ctx = ssl.create_default_context()
     if not ctx.get_ca_certs():
         try:

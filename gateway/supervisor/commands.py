@@ -53,6 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "NOTIFY wakes it at once anyway",
     )
     p.add_argument("--report-interval", type=float, help="--role proxy: seconds between health reports (10)")
+    p.add_argument("--admin-tls-cert", type=Path, help="PEM certificate chain: serve the admin port over TLS")
+    p.add_argument("--admin-tls-key", type=Path, help="PEM private key for --admin-tls-cert")
+    p.add_argument(
+        "--control-ca", type=Path, help="--role proxy: CA bundle for an https:// --control-url (system roots)"
+    )
     p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
     p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
     p.add_argument(
@@ -105,6 +110,8 @@ def _check_role(settings: Settings) -> Settings | str:
     """Settings completed for the role, or what is wrong with them."""
     if settings.role == "control" and settings.admin_port is None:
         settings = replace(settings, admin_port=8081)
+    if (settings.admin_tls_cert is None) != (settings.admin_tls_key is None):
+        return "--admin-tls-cert and --admin-tls-key go together"
     if settings.role == "proxy":
         if not settings.control_url:
             return "--role proxy needs --control-url, the control plane's admin URL"

@@ -334,3 +334,76 @@ def test_a_limit_is_shared_across_hosts_within_its_bound(cluster: Cluster) -> No
     refill = int(elapsed * 1.5 * 100 / 60) + 1  # what the shares refill at most while the test runs
     assert total <= overshoot_bound(2) * 100 + refill, (first, ok_busy, ok_idle, elapsed)
     assert ok_idle >= 50 - 1  # its floor: half the limit, less the one probe it admitted
+
+
+def _throwaway_ca(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it: (ca.pem, server.pem, server.key)."""
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ca, ca_key = tmp / "ca.pem", tmp / "ca.key"
+    cert, key, csr = tmp / "server.pem", tmp / "server.key", tmp / "server.csr"
+    ext = tmp / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    run = lambda *args: subprocess.run(["openssl", *args], check=True, capture_output=True)  # noqa: E731
+    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "1", "-subj", "/CN=test-ca")
+    run("req", *ec, "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
+    run(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-out", str(cert), "-days", "1", "-extfile", str(ext),
+    )  # fmt: skip
+    return ca, cert, key
+
+
+def test_proxies_follow_a_control_plane_over_tls(
+    tmp_path: Path, postgres_url: str, mock_engine: MockEngine
+) -> None:
+    ca, cert, key = _throwaway_ca(tmp_path)
+    admin_port = free_port()
+    control = Gateway(
+        tmp_path,
+        basic_config({"a": mock_engine.url}),
+        workers=1,
+        extra=(
+            "--role", "control", "--admin-port", str(admin_port), "--database", postgres_url,
+            "--admin-tls-cert", str(cert), "--admin-tls-key", str(key),
+        ),
+        env=ENV,
+        wait=False,
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{admin_port}"
+    proxies: list[Gateway] = []
+    try:
+        wait_until(
+            lambda: _tls_get(f"{url}/cluster/healthz", ca) == 200, timeout=20, what="control plane over TLS"
+        )
+        base = ("--role", "proxy", "--control-url", url)
+        trusting = Gateway(tmp_path, None, workers=1, extra=(*base, "--control-ca", str(ca)), env=ENV)
+        proxies.append(trusting)
+        secret = control.cli(
+            "keys", "create", "--principal", "alice", "--database", postgres_url
+        ).stdout.strip()
+        wait_until(lambda: chat(trusting, secret).status_code == 200, timeout=10, what="key over TLS")
+        # Without the CA, the control plane's certificate is not trusted: that proxy never syncs.
+        doubting = Gateway(tmp_path, None, workers=1, extra=base, env=ENV, wait=False)
+        proxies.append(doubting)
+        wait_until(
+            lambda: "unreachable" in _healthz(doubting), timeout=20, what="untrusted control plane refused"
+        )
+    finally:
+        for gw in [*proxies, control]:
+            gw.stop()
+
+
+def _tls_get(url: str, ca: Path) -> int:
+    try:
+        return httpx.get(
+            url, headers={"authorization": f"Bearer {TOKEN}"}, verify=str(ca), timeout=2
+        ).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def _healthz(gw: Gateway) -> str:
+    try:
+        return str(httpx.get(gw.url + "/healthz", timeout=2).json().get("control_plane", ""))
+    except (httpx.HTTPError, ValueError):
+        return ""
