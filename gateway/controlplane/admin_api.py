@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import secrets
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -104,6 +105,7 @@ class Route:
     permission: str | None  # None: any admin key; "" : no authentication at all
     handler: str
     summary: str
+    kind: str = ""  # for the per-entity routes: which section of the configuration
 
 
 ROUTES: tuple[Route, ...] = (
@@ -123,6 +125,33 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
     Route("GET", "/admin/fleet", "config:read", "fleet", "Hosts, workers and backends, from recent reports"),
     Route("GET", "/admin/openapi.json", "", "openapi", "This API as an OpenAPI document"),
+    *(
+        route
+        for kind, what in (
+            ("backends", "backend"),
+            ("provider_models", "provider model"),
+            ("models", "frontend model"),
+            ("roles", "role"),
+            ("principals", "principal"),
+        )
+        for route in (
+            Route(
+                "GET", f"/admin/{kind}", "config:read", "entity_list", f"Every {what}, as configured", kind
+            ),
+            Route("GET", f"/admin/{kind}/{{name}}", "config:read", "entity_get", f"One {what}", kind),
+            Route(
+                "PUT",
+                f"/admin/{kind}/{{name}}",
+                "config:write",
+                "entity_put",
+                f"Create or replace a {what}",
+                kind,
+            ),
+            Route(
+                "DELETE", f"/admin/{kind}/{{name}}", "config:write", "entity_delete", f"Remove a {what}", kind
+            ),
+        )
+    ),
 )
 
 
@@ -158,6 +187,8 @@ class AdminApi:
             caller = None if route.permission == "" else self.authenticate(headers)
             if caller is not None and route.permission and not caller.holds(route.permission):
                 raise Forbidden(f"{route.method} {route.path} needs the permission {route.permission}")
+            if route.kind:
+                params["kind"] = route.kind
             handler: Callable[..., Reply] = getattr(self, route.handler)
             return handler(caller, params, parse_qs(query), body)
         if allowed:
@@ -330,8 +361,6 @@ class AdminApi:
         return 200, [("content-type", "application/toml")], text.encode()
 
     def put_config(self, caller: Caller, _params: dict[str, str], _query: Any, body: bytes) -> Reply:
-        import tomllib
-
         try:
             data = tomllib.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -426,6 +455,60 @@ class AdminApi:
                 for e in entries
             ]
         )  # fmt: skip
+
+    # -- one entity of the configuration at a time ---------------------------------------------------
+    # The configuration is read as the tables of its TOML form (what `gateway export` writes and what the
+    # file format documents), edited, validated whole by the same parser as a file, and applied in one
+    # transaction with its audit entry. So every rule a file obeys holds here too (a backend still named
+    # by a provider model cannot be removed, a principal must name existing roles, ...).
+    def _config_tables(self) -> dict[str, Any]:
+        try:
+            return tomllib.loads(dump_config(self.ctx.store.config_doc()))
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+
+    def entity_list(self, _caller: Caller, params: dict[str, str], *_: Any) -> Reply:
+        return _ok(self._config_tables().get(params["kind"], []))
+
+    def entity_get(self, _caller: Caller, params: dict[str, str], *_: Any) -> Reply:
+        for item in self._config_tables().get(params["kind"], []):
+            if item.get("name") == params["name"]:
+                return _ok(item)
+        raise NotFound(f"no {params['kind']} entry named {params['name']!r}")
+
+    def entity_put(self, caller: Caller, params: dict[str, str], _query: Any, body: bytes) -> Reply:
+        item = _json_object(body)
+        if item.get("name", params["name"]) != params["name"]:
+            raise BadRequest("the body's name differs from the one in the path", param="name")
+        item["name"] = params["name"]
+        return self._edit(caller, params["kind"], params["name"], item)
+
+    def entity_delete(self, caller: Caller, params: dict[str, str], *_: Any) -> Reply:
+        return self._edit(caller, params["kind"], params["name"], None)
+
+    def _edit(self, caller: Caller, kind: str, name: str, item: dict[str, Any] | None) -> Reply:
+        def apply() -> tuple[int, int]:
+            tables = self._config_tables()
+            section = tables.setdefault(kind, [])
+            before = next((i for i in section if i.get("name") == name), None)
+            if item is None and before is None:
+                raise NotFound(f"no {kind} entry named {name!r}")
+            kept = [i for i in section if i.get("name") != name]
+            tables[kind] = kept if item is None else [*kept, item]
+            cfg = parse_config(tables, kind)
+            audit = AuditEntry(
+                caller.actor,
+                f"{kind}.{'delete' if item is None else 'put'}",
+                f"{kind}/{name}",
+                None if before is None else orjson.dumps(before).decode(),
+                None if item is None else orjson.dumps(item).decode(),
+            )
+            return self.ctx.store.apply_config(
+                cfg, hash_key=self.ctx.hash_key, audit=audit
+            ), 201 if before is None else 200
+
+        revision, status = _write(apply)
+        return status, _JSON, orjson.dumps({"revision": revision})
 
     def fleet(self, *_: Any) -> Reply:
         return _ok({"hosts": self.ctx.fleet_view()})

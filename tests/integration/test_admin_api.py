@@ -77,7 +77,7 @@ def admin(tmp_path: Path, mock_engine: MockEngine) -> Iterator[Admin]:
 
 
 def _concrete(path: str) -> str:
-    return path.replace("{key}", "no-such-key")
+    return path.replace("{key}", "no-such-key").replace("{name}", "no-such-name")
 
 
 def test_every_route_checks_its_permission(admin: Admin) -> None:
@@ -184,3 +184,35 @@ def test_sessions_carry_the_key_s_permissions_and_end_with_it(admin: Admin) -> N
     wait_until(
         lambda: httpx.get(admin.url + "/admin/whoami", cookies=ops).status_code == 401, what="session ended"
     )
+
+
+def test_configuration_one_entity_at_a_time(admin: Admin, mock_engine: MockEngine) -> None:
+    assert [b["name"] for b in admin.call("GET", "/admin/backends", "viewer").json()] == ["a"]
+    put = admin.call("PUT", "/admin/backends/b", "ops", json={"url": mock_engine.url, "read_timeout": 30.0})
+    assert put.status_code == 201
+    assert admin.call("GET", "/admin/backends/b", "viewer").json()["url"] == mock_engine.url
+    assert (
+        admin.call("PUT", "/admin/provider_models/pm-b", "ops", json={"backends": ["b"]}).status_code == 201
+    )
+    chat = admin.call("GET", "/admin/models/chat", "viewer").json()
+    chat["chain"] = [*chat["chain"], "pm-b"]
+    assert admin.call("PUT", "/admin/models/chat", "ops", json=chat).status_code == 200
+    # The file's rules hold: what is still referenced cannot go, and bad fields are named.
+    refused = admin.call("DELETE", "/admin/backends/b", "ops")
+    assert refused.status_code == 400 and "unknown backend 'b'" in refused.json()["error"]["message"]
+    bad = admin.call("PUT", "/admin/backends/c", "ops", json={"url": "ftp://x"})
+    assert bad.status_code == 400 and "backends[2].url: must be an http" in bad.json()["error"]["message"]
+    assert (
+        admin.call("PUT", "/admin/backends/c", "ops", json={"name": "d", "url": mock_engine.url}).status_code
+        == 400
+    )
+    assert admin.call("DELETE", "/admin/roles/no-such-role", "ops").status_code == 404
+    # A new principal, usable at once.
+    assert (
+        admin.call("PUT", "/admin/principals/newbie", "ops", json={"roles": ["chatter"]}).status_code == 201
+    )
+    made = admin.call("POST", "/admin/keys", "ops", json={"principal": "newbie"})
+    assert made.status_code == 201
+    entry = admin.call("GET", "/admin/audit?limit=20", "viewer").json()
+    assert ("principals.put", "principals/newbie") in {(e["action"], e["target"]) for e in entry}
+    assert ("models.put", "models/chat") in {(e["action"], e["target"]) for e in entry}
