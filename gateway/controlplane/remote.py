@@ -36,7 +36,7 @@ import orjson
 from gateway.config import Settings
 from gateway.controlplane.fleet import host_report, traffic_totals
 from gateway.dataplane.upstream import make_ssl_context
-from gateway.native import UsageRing
+from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
@@ -94,6 +94,7 @@ class RemoteControlWorker:
         self._report_at = 0.0
         self._traffic_seen: dict[tuple[int, int], dict[str, int]] = {}
         self.host_slot = WorkerStats(shared.stats)
+        self.table = BucketTable(shared.buckets)
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -204,7 +205,7 @@ class RemoteControlWorker:
             before = self._traffic_seen.get(worker, {})  # a restarted worker (new pid) starts from zero
             for scope, n in counts.items():
                 traffic[scope] = traffic.get(scope, 0) + n - before.get(scope, 0)
-        extra = {"control_plane": state, "traffic": traffic}
+        extra = {"control_plane": state, "traffic": traffic, "epoch": self.shared.epoch}
         try:
             body = orjson.dumps(host_report(self.settings, self.shared, extra))
             resp = self.client.post(
@@ -214,8 +215,15 @@ class RemoteControlWorker:
             log.debug("health report not sent: %s", exc)
             return
         self._traffic_seen = totals
-        if resp.status_code == 200:
-            self.host_slot.write(self.host_slot.slots - 1, resp.content)
+        if resp.status_code != 200:
+            return
+        self.host_slot.write(self.host_slot.slots - 1, resp.content)
+        try:
+            bases = resp.json().get("budget_bases") or {}
+            for key, (tokens, cost) in bases.items():
+                self.table.spend_set_base(int(key), int(tokens), int(cost))
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.error("unreadable budget bases from the control plane: %s", exc)
 
     # -- usage -------------------------------------------------------------------------------------------
     def ship_usage(self) -> None:

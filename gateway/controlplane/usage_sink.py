@@ -134,6 +134,25 @@ class UsageSink:
         self.bases = bases
         self._refreshed_at = now
 
+    def bases_for(self, epoch: str, now: float | None = None) -> dict[str, list[int]]:
+        """The base spend another host's bucket table needs, for every budget's current window: what the
+        store holds that the live counter of that host (named by its ``epoch``) does not. Keyed by the
+        window key (as a decimal string) in that host's table."""
+        now = time.time() if now is None else now
+        by_window: dict[tuple[float, float], list[str]] = {}
+        for pid, budget in self.budgets.items():
+            by_window.setdefault(budget.window(now), []).append(pid)
+        out: dict[str, list[int]] = {}
+        for (start, end), pids in by_window.items():
+            keys = {pid: window_key(epoch, pid, self.budgets[pid].period, start) for pid in pids}
+            base = {pid: [0, 0] for pid in pids}
+            for row in self.store.usage.spend(start, end, pids):
+                if row.budget_key != keys[row.principal_id]:
+                    base[row.principal_id][0] += row.tokens
+                    base[row.principal_id][1] += row.cost_nanos
+            out.update({str(keys[pid]): value for pid, value in base.items()})
+        return out
+
     def _folds(self, r: UsageRecord) -> bool:
         """Whether a record, once stored, belongs in its budget's base: it spent something in the
         current window of a budget whose live counter does not hold it."""

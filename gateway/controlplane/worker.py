@@ -144,7 +144,16 @@ class ControlWorker:
         return self._doc
 
     def record_report(self, report: dict[str, Any]) -> dict[str, Any]:
-        return self.fleet.record(report)
+        """Keep a proxy host's report; answer with its rate-limit shares and, for its budgets, the spend
+        the store knows of that its own live counters do not hold (other hosts', earlier tables')."""
+        answer = self.fleet.record(report)
+        epoch = report.get("epoch")
+        if isinstance(epoch, str) and epoch and self.sink is not None and self.sink.budgets:
+            try:
+                answer["budget_bases"] = self.sink.bases_for(epoch)
+            except StoreError as exc:
+                log.warning("budget bases for %s not computed: %s", report.get("host"), exc)
+        return answer
 
     def fleet_view(self) -> list[dict[str, Any]]:
         own = host_report(self.settings, self.shared, {"control_plane": "self"})

@@ -40,6 +40,11 @@ roles = ["operator"]
 name = "limited"
 roles = ["chatter"]
 limits = { requests_per_minute = 100 }
+
+[[principals]]
+name = "capped"
+roles = ["chatter"]
+budget = { period = "day", tokens = 1000 }
 """
 
 
@@ -407,3 +412,28 @@ def _healthz(gw: Gateway) -> str:
         return str(httpx.get(gw.url + "/healthz", timeout=2).json().get("control_plane", ""))
     except (httpx.HTTPError, ValueError):
         return ""
+
+
+def test_a_budget_counts_every_host(cluster: Cluster, mock_engine: MockEngine) -> None:
+    """1000 tokens a day, 400-token answers, spread over two proxy hosts: the third request crosses the
+    budget on the host that had seen only its own, and after that both hosts refuse."""
+    mock_engine.configure(tokens=1000)
+    key = cluster.cli("keys", "create", "--principal", "capped")
+    first, second = cluster.proxies
+
+    def ask(proxy: Gateway) -> int:
+        return httpx.post(
+            proxy.url + "/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 399},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=10,
+        ).status_code
+
+    wait_until(lambda: ask(first) == 200, timeout=5, what="key live")  # 400 tokens, on the first host
+    assert ask(first) == 200  # 800
+    # The second host learns of the first one's 800 within a report or two; its own request still fits.
+    time.sleep(2.5)
+    assert ask(second) == 200  # 1200: crosses
+    time.sleep(2.5)  # the second host's record reaches the store, the first host's next report brings it
+    assert ask(first) == 402  # on its own, the first host has seen only 800
+    assert ask(second) == 402
