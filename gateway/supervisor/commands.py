@@ -23,8 +23,10 @@ from gateway.dataplane.limits import HOLD_SLOTS
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
+from gateway.shm.worker_stats import WorkerStats
 from gateway.shm.worker_stats import region_bytes as stats_region_bytes
 from gateway.supervisor.process import Supervisor, WorkerSpec
+from gateway.supervisor.sd_notify import Notifier
 
 __all__ = ["register"]
 
@@ -158,8 +160,29 @@ def run_serve(args: argparse.Namespace) -> int:
     epoch = secrets.token_hex(8)
     shared = SharedRegions(segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch)
     specs = _worker_specs(settings, shared, hash_key)
+    notifier = Notifier()
+    stats_view = WorkerStats(stats.buf)
+
+    def every_worker_serves() -> bool:
+        """Each proxy worker of the current generation has published its statistics, which it does from
+        inside the running server; a control-role host is ready once a snapshot exists."""
+        proxies = {s.pid for s in specs if s.kind == "proxy" and s.pid}
+        if settings.role == "control":
+            return SnapshotReader(segment.buf).generation() > 0
+        seen = set()
+        for index in range(stats_view.slots - 1):
+            raw = stats_view.read(index)
+            if raw is not None:
+                seen.add(orjson.loads(raw).get("pid"))
+        return bool(proxies) and proxies <= seen
+
     sup = Supervisor(
-        specs, grace_period=settings.grace_period, state_file=settings.run_dir / "supervisor.json"
+        specs,
+        grace_period=settings.grace_period,
+        state_file=settings.run_dir / "supervisor.json",
+        notify=notifier,
+        ready=every_worker_serves,
+        watchdog_s=notifier.watchdog_s,
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {

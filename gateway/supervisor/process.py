@@ -58,12 +58,16 @@ class Supervisor:
         state_file: Path | None,
         on_reload: Callable[[], None] | None = None,
         notify: Callable[[str], None] | None = None,
+        ready: Callable[[], bool] | None = None,
+        watchdog_s: float | None = None,
     ) -> None:
         self.specs = specs
         self.grace_period = grace_period
         self.state_file = state_file
         self.on_reload = on_reload
         self.notify = notify or (lambda _msg: None)
+        self.ready = ready  # says when every worker serves; READY=1 goes out once it does
+        self.watchdog_s = watchdog_s
         self.started_at = time.time()
         self.extra_state: dict[str, object] = {}
         self._stopping = False
@@ -181,7 +185,19 @@ class Supervisor:
                 self._spawn(spec)
         self.write_state()
         last_state = time.monotonic()
+        ready_sent = False
+        next_pet = 0.0
         while True:
+            if not ready_sent and (self.ready is None or self.ready()):
+                self.notify("READY=1")
+                self.notify(
+                    f"STATUS=serving with {sum(1 for s in self.specs if s.kind == 'proxy')} proxy workers"
+                )
+                ready_sent = True
+            if self.watchdog_s is not None and time.monotonic() >= next_pet:
+                # Petted from the loop that watches the workers: a stuck supervisor misses it.
+                self.notify("WATCHDOG=1")
+                next_pet = time.monotonic() + self.watchdog_s / 2
             sig = self.wait_signal(0.25)
             if sig == signal.SIGCHLD:
                 self._reap()
@@ -209,6 +225,7 @@ class Supervisor:
         """Stop proxies first (they finish in-flight requests and streams), then the control worker."""
         self._stopping = True
         self.notify("STOPPING=1")
+        self.notify("STATUS=draining")
         self.write_state()
         log.info("draining: waiting up to %.0fs for in-flight requests", self.grace_period)
         self.signal_kind("proxy", signal.SIGTERM)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -173,3 +175,33 @@ def test_sigterm_lets_a_stream_finish_then_exits_zero(tmp_path, engine: MockEngi
         },
     ).content
     assert body.count(b"data: ") == direct.count(b"data: ")
+
+
+def test_systemd_notify_protocol(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """READY=1 once every proxy worker serves, WATCHDOG=1 at half WATCHDOG_USEC, STOPPING=1 on SIGTERM."""
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(20)
+    env = {"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "1000000"}
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=2, env=env, wait=False)
+    try:
+        messages: list[str] = []
+        while "READY=1" not in messages:
+            messages.append(sock.recv(4096).decode())
+        # At READY every worker answers: fresh connections spread over both, all ready.
+        assert all(httpx.get(gw.url + "/readyz", timeout=2).status_code == 200 for _ in range(16))
+        pets = 0
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            messages.append(sock.recv(4096).decode())
+            pets += messages[-1] == "WATCHDOG=1"
+        assert pets >= 4  # every half second
+        gw.signal(signal.SIGTERM)
+        while "STOPPING=1" not in messages:
+            messages.append(sock.recv(4096).decode())
+        assert gw.proc.wait(30) == 0
+        assert any(m.startswith("STATUS=") for m in messages)
+    finally:
+        gw.stop()
+        sock.close()
