@@ -10,6 +10,8 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
+And, without authentication, ``GET /metrics``: Prometheus text (``metrics``).
+
 Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
 same on every host), compared in constant time. Without a token configured the routes answer 503: a
 control plane never serves its snapshot, which holds backend keys, to anyone who asks. Errors use the
@@ -48,6 +50,8 @@ class SnapshotSource(Protocol):
 
     def record_report(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
+    def metrics_text(self) -> bytes: ...
+
 
 class ClusterApp:
     """The RSGI application of the control worker's admin port."""
@@ -69,6 +73,12 @@ class ClusterApp:
 
     async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
         path, method = scope.path, scope.method
+        if path == "/metrics" and method == "GET":
+            return (
+                200,
+                [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                self.source.metrics_text(),
+            )
         if path.startswith("/admin/") and self.admin is not None:
             body = b""
             if method in ("POST", "PUT", "PATCH"):

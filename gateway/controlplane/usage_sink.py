@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.budget import Budget, window_key
+from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store
 from gateway.native import BucketTable, UsageRing
 from gateway.usage_record import UsageRecord, decode_record
@@ -55,6 +56,8 @@ class UsageSink:
         self.epoch = epoch
         self.refresh_interval = refresh_interval
         self.budgets: dict[str, Budget] = {}
+        self.metrics = Metrics()
+        self.principal_names: dict[str, str] = {}
         self.bases: dict[str, _Base] = {}
         self.malformed = 0
         self.written = 0
@@ -91,6 +94,7 @@ class UsageSink:
         new = self.store.usage.insert(records, self._folds)
         self.written += len(records)
         self._fold(new)
+        self.metrics.observe(records, self.principal_names)
 
     def pending(self) -> int:
         return sum(self.ring.pending(i) for i in range(self.ring.rings))
@@ -98,6 +102,7 @@ class UsageSink:
     # -- budgets --------------------------------------------------------------------------------------
     def set_budgets(self, principals: dict[str, Any], now: float | None = None) -> None:
         """Take the budgets of a newly published snapshot document's principals, and recompute."""
+        self.principal_names = {pid: str(doc.get("name", pid)) for pid, doc in principals.items()}
         budgets = {}
         for pid, doc in principals.items():
             budget = Budget.from_doc(pid, doc.get("budget"))

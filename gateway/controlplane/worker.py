@@ -155,6 +155,14 @@ class ControlWorker:
                 log.warning("budget bases for %s not computed: %s", report.get("host"), exc)
         return answer
 
+    def metrics_text(self) -> bytes:
+        host = host_report(self.settings, self.shared)
+        if self._current is not None and self._doc is not None:
+            host["revision"] = self._current[0]
+            host["snapshot_age_s"] = round(time.time() - float(self._doc.get("built_at", time.time())), 3)
+        assert self.sink is not None
+        return self.sink.metrics.render(host).encode()
+
     def fleet_view(self) -> list[dict[str, Any]]:
         own = host_report(self.settings, self.shared, {"control_plane": "self"})
         return [own, *(r for r in self.fleet.view() if r.get("host") != own["host"])]

@@ -66,6 +66,7 @@ class ProxyApp:
         self.stats = stats  # (the host's statistics slots, this worker's slot)
         self.in_flight = 0
         self.requests = 0
+        self.refused: dict[int, int] = {}  # answers the gateway gave itself, by status
         self.started_at = time.time()
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
@@ -113,6 +114,7 @@ class ProxyApp:
                 "started_at": self.started_at,
                 "in_flight": self.in_flight,
                 "requests": self.requests,
+                "refused": {str(status): n for status, n in self.refused.items()},
                 "generation": self.snapshot.generation,
                 "revision": self.snapshot.revision,
                 "usage_backlog": len(self.accounting.usage.backlog)
@@ -145,6 +147,7 @@ class ProxyApp:
             try:
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
+                self.refused[exc.status] = self.refused.get(exc.status, 0) + 1
                 proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), exc.openai_body())
             except RelayAborted as exc:
                 # The answer is committed: returning ends the client's response where it stopped. With a

@@ -1,0 +1,148 @@
+"""Prometheus metrics for a whole host (or a whole cluster, at its control plane), in the text format.
+
+Request metrics are counted by the control worker from the usage records it stores — every forwarded
+request exactly once, whichever worker or host served it — so a scrape never sees one random worker and
+the request path pays nothing for them. Host-level figures (requests in flight, refusals the gateway
+made itself, backend failures, worker restarts, the snapshot) are read from the proxy workers' statistics
+slots and the supervisor's state when scraped. Counters start at zero when the control worker starts,
+which Prometheus treats as a counter reset. Pure apart from what ``render`` is handed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.usage_record import UsageRecord
+
+__all__ = ["LATENCY_BUCKETS", "Metrics"]
+
+# Seconds: from a cached short answer to a long generation.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class _Histogram:
+    __slots__ = ("counts", "n", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(LATENCY_BUCKETS)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, seconds: float) -> None:
+        self.n += 1
+        self.total += seconds
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+                break
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format wants it: backslash, newline and double quote escaped."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: tuple[str, ...], values: tuple[Any, ...]) -> str:
+    return ",".join(f'{n}="{_escape(str(v))}"' for n, v in zip(names, values, strict=True))
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str, str, str], int] = defaultdict(
+            int
+        )  # model, backend, status, principal
+        self.tokens: dict[tuple[str, str, str], int] = defaultdict(int)  # model, principal, kind
+        self.cost: dict[tuple[str, str], int] = defaultdict(int)  # model, principal -> nano-units
+        self.latency: dict[str, _Histogram] = defaultdict(_Histogram)  # model
+        self.ttfb: dict[str, _Histogram] = defaultdict(_Histogram)
+
+    def observe(self, records: Iterable[UsageRecord], principal_names: dict[str, str]) -> None:
+        for r in records:
+            principal = principal_names.get(r.principal_id, r.principal_id)
+            self.requests[(r.model, r.backend or "", str(r.status), principal)] += 1
+            if r.prompt_tokens:
+                self.tokens[(r.model, principal, "prompt")] += r.prompt_tokens
+            if r.completion_tokens:
+                self.tokens[(r.model, principal, "completion")] += r.completion_tokens
+            if r.cached_tokens:
+                self.tokens[(r.model, principal, "cached")] += r.cached_tokens
+            if r.cost_nanos:
+                self.cost[(r.model, principal)] += r.cost_nanos
+            self.latency[r.model].observe(r.latency_ms / 1000)
+            if r.ttfb_ms is not None:
+                self.ttfb[r.model].observe(r.ttfb_ms / 1000)
+
+    def render(self, host: dict[str, Any]) -> str:
+        """The exposition text; ``host`` is a host report (``fleet.host_report``) plus snapshot figures."""
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        family(
+            "gateway_requests_total", "counter", "Requests forwarded upstream, by the status the client got."
+        )
+        for request_key, n in sorted(self.requests.items()):
+            labels = _labels(("model", "backend", "status", "principal"), request_key)
+            out.append(f"gateway_requests_total{{{labels}}} {n}")
+        family(
+            "gateway_tokens_total", "counter", "Tokens of forwarded requests (prompt, completion, cached)."
+        )
+        for token_key, n in sorted(self.tokens.items()):
+            out.append(f"gateway_tokens_total{{{_labels(('model', 'principal', 'kind'), token_key)}}} {n}")
+        family("gateway_cost_total", "counter", "Cost of forwarded requests in the operator's currency.")
+        for cost_key, n in sorted(self.cost.items()):
+            out.append(f"gateway_cost_total{{{_labels(('model', 'principal'), cost_key)}}} {n / 1e9:.9f}")
+        for name, source, help_text in (
+            ("gateway_request_duration_seconds", self.latency, "From the request to the end of its answer."),
+            ("gateway_time_to_first_byte_seconds", self.ttfb, "From the request to the first byte answered."),
+        ):
+            family(name, "histogram", help_text)
+            for model, h in sorted(source.items()):
+                running = 0
+                for bound, count in zip(LATENCY_BUCKETS, h.counts, strict=True):
+                    running += count
+                    out.append(f'{name}_bucket{{model="{_escape(model)}",le="{bound:g}"}} {running}')
+                out.append(f'{name}_bucket{{model="{_escape(model)}",le="+Inf"}} {h.n}')
+                out.append(f'{name}_sum{{model="{_escape(model)}"}} {h.total:.6f}')
+                out.append(f'{name}_count{{model="{_escape(model)}"}} {h.n}')
+        family("gateway_in_flight_requests", "gauge", "Requests this host's proxy workers are serving now.")
+        out.append(f"gateway_in_flight_requests {host.get('in_flight', 0)}")
+        family(
+            "gateway_refusals_total",
+            "counter",
+            "Requests this host refused itself (401, 402, 403, 404, 429...).",
+        )
+        refusals: dict[str, int] = defaultdict(int)
+        for worker in host.get("proxy_workers", []):
+            for status, n in (worker.get("refused") or {}).items():
+                refusals[status] += n
+        for status, n in sorted(refusals.items()):
+            out.append(f'gateway_refusals_total{{status="{_escape(status)}"}} {n}')
+        family("gateway_backend_answers_total", "counter", "Upstream answers this host relayed, by backend.")
+        family(
+            "gateway_backend_failures_total", "counter", "Connect errors, timeouts, 429 and 5xx, by backend."
+        )
+        family("gateway_backend_in_flight", "gauge", "Upstream requests in flight, by backend.")
+        for name, b in sorted(host.get("backends", {}).items()):
+            out.append(f'gateway_backend_answers_total{{backend="{_escape(name)}"}} {b["answered"]}')
+            out.append(f'gateway_backend_failures_total{{backend="{_escape(name)}"}} {b["failed"]}')
+            out.append(f'gateway_backend_in_flight{{backend="{_escape(name)}"}} {b["in_flight"]}')
+        family("gateway_worker_restarts_total", "counter", "Times the supervisor restarted each worker.")
+        for w in host.get("supervisor", {}).get("workers", []):
+            worker = _escape(str(w.get("name")))
+            out.append(f'gateway_worker_restarts_total{{worker="{worker}"}} {w.get("restarts") or 0}')
+        family(
+            "gateway_snapshot_revision", "gauge", "Config revision of the snapshot the control worker built."
+        )
+        out.append(f"gateway_snapshot_revision {host.get('revision', 0)}")
+        family("gateway_snapshot_age_seconds", "gauge", "Seconds since that snapshot was built.")
+        age = host.get("snapshot_age_s")
+        out.append(f"gateway_snapshot_age_seconds {age if age is not None and math.isfinite(age) else 'NaN'}")
+        family("gateway_usage_pending", "gauge", "Usage records waiting to reach the store from this host.")
+        out.append(f"gateway_usage_pending {host.get('usage_pending', 0)}")
+        return "\n".join(out) + "\n"
