@@ -50,6 +50,8 @@ class Settings:
     usage_drain_interval: float = 0.1  # how often the control worker moves records into the store
     budget_refresh_interval: float = 30.0  # how often budgets' base spend is re-read from the store
     log_level: str = "info"
+    log_format: str = "text"  # text | json (one JSON object per line, for journald and log shippers)
+    access_log: bool = False  # one JSON line per forwarded request on stdout, written by the control slot
 
     @property
     def sqlite_path(self) -> Path:

@@ -14,6 +14,7 @@ import orjson
 __all__ = [
     "VERSION",
     "UsageRecord",
+    "access_line",
     "decode_record",
     "encode_fields",
     "encode_record",
@@ -102,6 +103,30 @@ def record_from_values(values: Any) -> UsageRecord:
     if not fields[0] or len(fields[0]) > 64:
         raise ValueError("usage record without a valid request id")
     return UsageRecord._make(fields)
+
+
+def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
+    """One access-log line (JSON, newline-terminated) for a forwarded request. Identifiers only: the key
+    appears by its id, never its secret or hash; no bodies."""
+    return orjson.dumps(
+        {
+            "ts": record.ts,
+            "request_id": record.request_id,
+            "principal_id": record.principal_id,
+            "principal": principal,
+            "key_id": record.key_id,
+            "model": record.model,
+            "backend": record.backend,
+            "status": record.status,
+            "prompt_tokens": record.prompt_tokens,
+            "completion_tokens": record.completion_tokens,
+            "cached_tokens": record.cached_tokens,
+            "usage": record.usage_source,
+            "latency_ms": record.latency_ms,
+            "ttfb_ms": record.ttfb_ms,
+        },
+        option=orjson.OPT_APPEND_NEWLINE,
+    )
 
 
 def to_signed64(value: int | None) -> int | None:

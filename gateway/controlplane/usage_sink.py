@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from gateway.budget import Budget, window_key
 from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store
 from gateway.native import BucketTable, UsageRing
-from gateway.usage_record import UsageRecord, decode_record
+from gateway.usage_record import UsageRecord, access_line, decode_record
 
 __all__ = ["UsageSink"]
 
@@ -57,6 +58,8 @@ class UsageSink:
         self.refresh_interval = refresh_interval
         self.budgets: dict[str, Budget] = {}
         self.metrics = Metrics()
+        # Where access-log lines go (the control worker's stdout), or None for none.
+        self.access_log: Callable[[bytes], object] | None = None
         self.principal_names: dict[str, str] = {}
         self.bases: dict[str, _Base] = {}
         self.malformed = 0
@@ -95,6 +98,9 @@ class UsageSink:
         self.written += len(records)
         self._fold(new)
         self.metrics.observe(records, self.principal_names)
+        if self.access_log is not None and records:
+            names = self.principal_names
+            self.access_log(b"".join(access_line(r, names.get(r.principal_id)) for r in records))
 
     def pending(self) -> int:
         return sum(self.ring.pending(i) for i in range(self.ring.rings))

@@ -49,6 +49,14 @@ log = logging.getLogger("gateway.controlplane")
 FINAL_DRAIN_SECONDS = 10.0
 
 
+def _write_stdout(lines: bytes) -> None:
+    """Access-log lines: written whole, once per drained batch (journald keeps the lines apart)."""
+    try:
+        os.write(1, lines)
+    except OSError as exc:
+        log.error("access log not written: %s", exc)
+
+
 def run_control_worker(settings: Settings, shared: SharedRegions) -> int:
     return asyncio.run(ControlWorker(settings, shared).run())
 
@@ -85,6 +93,8 @@ class ControlWorker:
             self.shared.epoch,
             refresh_interval=settings.budget_refresh_interval,
         )
+        if settings.access_log:
+            self.sink.access_log = _write_stdout
         server = self._start_admin_server()
 
         # Another process's write (a CLI, another control plane) wakes the loop at once where the database

@@ -75,6 +75,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
     p.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("GATEWAY_LOG_FORMAT"),
+        help="text (default) or json: one JSON object per line, for journald and log shippers",
+    )
+    p.add_argument(
+        "--access-log",
+        action="store_const",
+        const=True,
+        default=os.environ.get("GATEWAY_ACCESS_LOG") == "1" or None,
+        help="one JSON line per forwarded request on stdout (also GATEWAY_ACCESS_LOG=1)",
+    )
+    p.add_argument(
         "--no-usage-records",
         dest="usage_records",
         action="store_const",
@@ -100,12 +113,31 @@ def _env_int(name: str) -> int | None:
     return int(raw) if raw else None
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
-        stream=sys.stderr,
-    )
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, pid, message (and the exception, if any)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+def _configure_logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+        )
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
 
 
 def _check_role(settings: Settings) -> Settings | str:
@@ -132,7 +164,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"gateway: error: {checked}", file=sys.stderr)
         return 2
     settings = checked
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
     from gateway.controlplane.commands import apply_file
     from gateway.controlplane.store import open_store
 

@@ -245,3 +245,31 @@ def test_errors_and_client_disconnects_are_recorded(tmp_path: Path, mock_engine:
         ]
     finally:
         gw.stop()
+
+
+def test_access_log_has_a_line_per_request_and_no_key_material(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    from gateway.config import load_hash_key
+    from gateway.keys import hash_secret
+
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": mock_engine.url}),
+        workers=2,
+        extra=("--access-log", "--log-format", "json"),
+    )
+    try:
+        key = ready_key(gw, "alice")
+        ids = {chat(gw, key, 2).headers["x-request-id"] for _ in range(12)}
+        wait_for_records(gw, 12)
+        hashed = hash_secret(key, load_hash_key(gw.data_dir)).hex()
+    finally:
+        gw.stop()
+    text = gw.log.read_text()
+    lines = [orjson.loads(line) for line in text.splitlines() if line.startswith("{")]
+    access = [line for line in lines if "request_id" in line]
+    assert {line["request_id"] for line in access} == ids and len(access) == 12
+    assert all(line["principal"] == "alice" and line["status"] == 200 for line in access)
+    assert any(line.get("logger") == "gateway.supervisor" for line in lines)  # the other logs are JSON too
+    assert key not in text and key[6:] not in text and hashed not in text
