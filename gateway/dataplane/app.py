@@ -162,8 +162,8 @@ class ProxyApp:
                 "status": "ok" if snap.generation else "starting",
                 "generation": snap.generation,
                 "revision": snap.revision,
-                "control_plane": self.control_plane_state(),
             }
+            body["control_plane"], body["control_plane_detail"] = self.control_plane_state()
             proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
         elif path == "/readyz":
             ready = not self.draining and self.snapshot.generation > 0
@@ -175,16 +175,18 @@ class ProxyApp:
             err.code = "not_found"
             proto.response_bytes(404, _JSON, err.openai_body())
 
-    def control_plane_state(self) -> str:
+    def control_plane_state(self) -> tuple[str, str]:
+        """``("ok" | "degraded", detail)``: degraded while a proxy-role host cannot reach its control
+        plane (it keeps serving the last snapshot it has)."""
         if self.reader is None:
-            return "local"
+            return "ok", "local"
         state, seen_at = self.reader.control_state()
         if state == CONTROL_REACHABLE:
-            return "ok"
+            return "ok", "remote"
         if state == CONTROL_UNREACHABLE:
             since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seen_at)) if seen_at else "never"
-            return f"unreachable (serving the last snapshot known; last answered: {since})"
-        return "local"
+            return "degraded", f"unreachable, serving the last snapshot known; last answered: {since}"
+        return "ok", "local"
 
     # -- the request path ---------------------------------------------------------------------------
     async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:

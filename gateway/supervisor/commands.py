@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -221,6 +222,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "snapshot_segment": segment.id,
         "bucket_segment": buckets.id,
         "usage_segment": rings.id,
+        "stats_segment": stats.id,
         "epoch": epoch,
         "port": settings.port,
         "host": settings.host,
@@ -293,20 +295,65 @@ def run_status(args: argparse.Namespace) -> int:
     pid = state.get("supervisor_pid", 0)
     alive = _pid_alive(pid)
     print(
-        f"supervisor pid={pid} {'running' if alive else 'not running'}"
-        f" listening={state.get('host')}:{state.get('port')}"
+        f"supervisor pid={pid} {'running' if alive else 'not running'} role={state.get('role', 'all')}"
+        f" listening={state.get('host')}:{state.get('port')} admin_port={state.get('admin_port') or '-'}"
     )
     if alive and state.get("snapshot_segment") is not None:
         try:
             seg = Segment.attach(int(state["snapshot_segment"]))
             reader = SnapshotReader(seg.buf)
-            print(f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}")
+            control, seen = reader.control_state()
+            where = {0: "local store", 1: "control plane answering", 2: "control plane unreachable"}[control]
+            print(
+                f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}"
+                f" source={where}" + (f" last_answered={seen:.0f}" if control else "")
+            )
             seg.close()
         except Exception as exc:
             print(f"snapshot: unreadable ({exc})")
+    stats = _worker_stats(state) if alive else {}
     for w in state.get("workers", []):
-        print(f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}")
+        line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
+        doc = stats.get(w["pid"])
+        if doc is not None:
+            line += f" in_flight={doc.get('in_flight', 0)} requests={doc.get('requests', 0)}"
+        print(line)
+    backends: dict[str, list[Any]] = {}
+    for doc in stats.values():
+        for name, b in doc.get("backends", {}).items():
+            total = backends.setdefault(name, [0, 0, 0, None, 0.0])
+            total[0] += b["answered"]
+            total[1] += b["failed"]
+            total[2] += b["in_flight"]
+            if (b.get("last_error_at") or 0) > total[4]:
+                total[3], total[4] = b["last_error"], b["last_error_at"]
+    for name, (answered, failed, in_flight, last_error, _) in sorted(backends.items()):
+        print(
+            f"  backend {name:<12} answered={answered} failed={failed} in_flight={in_flight}"
+            + (f" last_error={last_error!r}" if last_error else "")
+        )
     return 0 if alive else 1
+
+
+def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each proxy worker's last statistics document, by pid (empty when the segment is gone)."""
+    if state.get("stats_segment") is None:
+        return {}
+    try:
+        seg = Segment.attach(int(state["stats_segment"]))
+    except Exception:
+        return {}
+    try:
+        view = WorkerStats(seg.buf)
+        out: dict[int, dict[str, Any]] = {}
+        for index in range(view.slots - 1):
+            raw = view.read(index)
+            if raw is not None:
+                doc = orjson.loads(raw)
+                out[int(doc.get("pid", 0))] = doc
+        return out
+    finally:
+        seg.close()
 
 
 def _pid_alive(pid: int) -> bool:

@@ -205,3 +205,30 @@ def test_systemd_notify_protocol(tmp_path: Path, mock_engine: MockEngine) -> Non
     finally:
         gw.stop()
         sock.close()
+
+
+def test_status_shows_workers_and_backends(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=2)
+    try:
+        key = gw.create_key("alice")
+        body = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+        headers = {"authorization": f"Bearer {key}"}
+        wait_until(
+            lambda: (
+                httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers).status_code == 200
+            ),
+            what="key live",
+        )
+
+        def shown() -> bool:
+            out = gw.cli("status").stdout
+            return "backend a" in out and "answered=" in out
+
+        wait_until(shown, timeout=10, what="backends in gateway status")
+        out = gw.cli("status").stdout
+        assert "role=all" in out and "source=local store" in out
+        assert out.count("in_flight=") >= 3  # two workers and the backend
+        for name in ("control", "proxy-1", "proxy-2"):
+            assert name in out
+    finally:
+        gw.stop()
