@@ -36,6 +36,7 @@ class Settings:
     config_file: Path | None = None
     database: str | None = None  # None: SQLite file under data_dir
     grace_period: float = 30.0  # seconds SIGTERM waits for in-flight requests and streams
+    drain_delay: float = 0.0  # seconds /readyz says 503 before the listener closes (behind a load balancer)
     max_body_bytes: int = 32 * 1024 * 1024
     snapshot_poll_interval: float = 0.1  # how often a worker checks the published generation
     revision_poll_interval: float = 0.25  # how often the control worker checks the store's revision

@@ -2,8 +2,8 @@
 # Runs the whole suite. pytest exits 5 when it collected nothing: that is a failure here, said plainly.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# system-deps.sh installed PostgreSQL: tests that need it must not skip for want of it.
-export GATEWAY_TEST_REQUIRE_POSTGRES=1
+# system-deps.sh installed PostgreSQL, haproxy and openssl: tests that need them must not skip for want of them.
+export GATEWAY_TEST_STRICT=1
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

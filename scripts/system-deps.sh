@@ -9,6 +9,7 @@ case "${1:-test}" in
     test)
         need git /usr/bin/git git
         need openssl /usr/bin/openssl openssl   # the TLS tests make their own throwaway CA
+        need haproxy /usr/sbin/haproxy haproxy  # the load-balancer test: reload and restart under load
         # The server binaries live outside PATH on Debian (/usr/lib/postgresql/N/bin); any N will do.
         ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || want+=(postgresql)
         ;;

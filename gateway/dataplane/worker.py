@@ -70,9 +70,13 @@ async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> N
     stopping_since: list[float] = []
 
     def stop() -> None:
+        if stopping_since:
+            return
+        # /readyz answers 503 from now on; the listener stays open for the drain delay so that a load
+        # balancer has time to notice and stop sending, then closes, and in-flight requests finish.
         app.draining = True
         stopping_since.append(time.monotonic())
-        server.stop()  # type: ignore[no-untyped-call]
+        loop.call_later(settings.drain_delay, server.stop)
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop)

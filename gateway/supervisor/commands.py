@@ -74,6 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--workers", type=int, help="proxy workers (default: one per core)")
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        help="on SIGTERM, seconds /readyz answers 503 while still accepting, so a load balancer can take "
+        "the host out first (0; behind one, a few health-check intervals)",
+    )
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
     p.add_argument(
         "--log-format",
