@@ -7,6 +7,7 @@ control worker decodes it and writes it to the store, idempotently by ``request_
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import orjson
@@ -92,14 +93,19 @@ def decode_record(data: bytes) -> UsageRecord:
     return record_from_values(values)
 
 
+# Every allowed combination of field types, so a record is checked with one lookup (48 combinations).
+_SIGNATURES = frozenset(itertools.product(*_TYPES))
+
+
 def record_from_values(values: Any) -> UsageRecord:
     """The record of an already decoded JSON array (``[version, *fields]``); ValueError otherwise."""
     if type(values) is not list or len(values) != len(_TYPES) + 1 or values[0] != VERSION:
         raise ValueError(f"not a usage record of version {VERSION} with {len(_TYPES)} fields")
     fields = values[1:]
-    for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
-        if type(value) not in types:
-            raise ValueError(f"usage record field {name} has the wrong type")
+    if tuple(map(type, fields)) not in _SIGNATURES:
+        for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
+            if type(value) not in types:
+                raise ValueError(f"usage record field {name} has the wrong type")
     if not fields[0] or len(fields[0]) > 64:
         raise ValueError("usage record without a valid request id")
     return UsageRecord._make(fields)

@@ -11,6 +11,7 @@ which Prometheus treats as a counter reset. Pure apart from what ``render`` is h
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -34,10 +35,9 @@ class _Histogram:
     def observe(self, seconds: float) -> None:
         self.n += 1
         self.total += seconds
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect_left(LATENCY_BUCKETS, seconds)  # the first bound >= seconds; past the last: only +Inf
+        if i < len(LATENCY_BUCKETS):
+            self.counts[i] += 1
 
 
 def _escape(value: str) -> str:
