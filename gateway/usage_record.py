@@ -24,7 +24,7 @@ __all__ = [
     "to_unsigned64",
 ]
 
-VERSION = 1
+VERSION = 2  # 2 added client_request_id; version 1 records (a proxy host's spool) still decode
 
 
 class UsageRecord(NamedTuple):
@@ -46,10 +46,11 @@ class UsageRecord(NamedTuple):
     latency_ms: float
     ttfb_ms: float | None
     budget_key: int | None  # the live spend counter (unsigned 64-bit) this request was added to
+    client_request_id: str | None = None  # what the client sent as x-request-id, if anything
 
     def row(self) -> tuple[Any, ...]:
         """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        return (*self[:-1], to_signed64(self.budget_key))
+        return (*self[:15], to_signed64(self.budget_key), self.client_request_id)
 
 
 def encode_record(record: UsageRecord) -> bytes:
@@ -81,6 +82,7 @@ _TYPES = (
     _NUM,  # latency_ms
     _NUM | _NONE,  # ttfb_ms
     _INT | _NONE,  # budget_key
+    _STR | _NONE,  # client_request_id (version 2)
 )
 
 
@@ -99,9 +101,14 @@ _SIGNATURES = frozenset(itertools.product(*_TYPES))
 
 def record_from_values(values: Any) -> UsageRecord:
     """The record of an already decoded JSON array (``[version, *fields]``); ValueError otherwise."""
-    if type(values) is not list or len(values) != len(_TYPES) + 1 or values[0] != VERSION:
-        raise ValueError(f"not a usage record of version {VERSION} with {len(_TYPES)} fields")
-    fields = values[1:]
+    if type(values) is not list:
+        raise ValueError("a usage record is a JSON array")
+    if len(values) == len(_TYPES) + 1 and values[0] == VERSION:
+        fields = values[1:]
+    elif len(values) == len(_TYPES) and values[0] == 1:
+        fields = [*values[1:], None]
+    else:
+        raise ValueError(f"not a usage record of version 1 or {VERSION}")
     if tuple(map(type, fields)) not in _SIGNATURES:
         for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
             if type(value) not in types:
@@ -130,6 +137,7 @@ def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
             "usage": record.usage_source,
             "latency_ms": record.latency_ms,
             "ttfb_ms": record.ttfb_ms,
+            "client_request_id": record.client_request_id,
         },
         option=orjson.OPT_APPEND_NEWLINE,
     )

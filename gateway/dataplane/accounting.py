@@ -12,6 +12,7 @@ answer nothing.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from gateway.usage_record import encode_fields
 __all__ = ["Accounting", "Exchange"]
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
+_CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 
 
 @dataclass(slots=True)
@@ -38,6 +40,7 @@ class Exchange:
     request_id: str
     started: float  # perf_counter
     headers: list[tuple[str, str]]
+    client_request_id: str | None = None
 
 
 class Accounting:
@@ -47,7 +50,14 @@ class Accounting:
         self.usage = usage
 
     def admit(
-        self, key: KeyEntry, model: str, route: Route, body_len: int, max_tokens: int | None, default: int
+        self,
+        key: KeyEntry,
+        model: str,
+        route: Route,
+        body_len: int,
+        max_tokens: int | None,
+        default: int,
+        client_request_id: str | None = None,
     ) -> Exchange | None:
         """Check the budget and take the rate limits; None when nothing needs accounting."""
         budget = key.principal.budget
@@ -60,9 +70,18 @@ class Accounting:
             return None
         request_id = self.usage.request_id() if self.usage is not None else ""
         headers = ticket.headers if ticket is not None else []
+        client_id = (
+            client_request_id if client_request_id and _CLIENT_ID.fullmatch(client_request_id) else None
+        )
         if request_id:
-            headers = [("x-request-id", request_id), *headers]
-        return Exchange(key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers)
+            # The client's id, when it sent a usable one, comes back as it sent it; the gateway's own (the
+            # record's key) comes back beside it.
+            headers = [("x-request-id", client_id or request_id), *headers]
+            if client_id:
+                headers.append(("x-gateway-request-id", request_id))
+        return Exchange(
+            key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers, client_id
+        )
 
     def finish(self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None) -> None:
         ended = time.perf_counter()
@@ -104,5 +123,6 @@ class Accounting:
                     round((ended - ex.started) * 1000, 3),
                     None if tap.started is None else round((tap.started - ex.started) * 1000, 3),
                     budget_key,
+                    ex.client_request_id,
                 )
             )

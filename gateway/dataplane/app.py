@@ -208,7 +208,13 @@ class ProxyApp:
         exchange = None
         if accounting is not None:
             exchange = accounting.admit(
-                key, info.model, route, len(body), info.max_tokens, self.settings.default_completion_tokens
+                key,
+                info.model,
+                route,
+                len(body),
+                info.max_tokens,
+                self.settings.default_completion_tokens,
+                headers.get("x-request-id"),
             )
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         qs = scope.query_string

@@ -273,3 +273,29 @@ def test_access_log_has_a_line_per_request_and_no_key_material(
     assert all(line["principal"] == "alice" and line["status"] == 200 for line in access)
     assert any(line.get("logger") == "gateway.supervisor" for line in lines)  # the other logs are JSON too
     assert key not in text and key[6:] not in text and hashed not in text
+
+
+def test_a_client_request_id_is_returned_and_recorded(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=1)
+    try:
+        key = ready_key(gw, "alice")
+        body = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+        sent = {"authorization": f"Bearer {key}", "x-request-id": "trace-abc-1"}
+        first = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=sent, timeout=10)
+        again = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=sent, timeout=10)  # a retry
+        assert first.headers["x-request-id"] == again.headers["x-request-id"] == "trace-abc-1"
+        ours = {first.headers["x-gateway-request-id"], again.headers["x-gateway-request-id"]}
+        assert len(ours) == 2  # two requests, two records, whatever the client calls them
+        assert mock_engine.requests()[-1]["headers"]["x-request-id"] == "trace-abc-1"  # forwarded upstream
+        bad = httpx.post(
+            gw.url + "/v1/chat/completions",
+            json=body,
+            headers={**sent, "x-request-id": "has space"},
+            timeout=10,
+        )
+        assert bad.headers["x-request-id"] != "has space" and "x-gateway-request-id" not in bad.headers
+        got = {r.request_id: r for r in wait_for_records(gw, 3)}
+        assert {got[i].client_request_id for i in ours} == {"trace-abc-1"}
+        assert got[bad.headers["x-request-id"]].client_request_id is None
+    finally:
+        gw.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway import native
@@ -82,10 +83,16 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
-    r = rec(1, budget_key=2**64 - 5)
+    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7")
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
-    assert r.row()[-1] == -5 and to_unsigned64(r.row()[-1]) == 2**64 - 5
+    assert r.row()[-2] == -5 and to_unsigned64(r.row()[-2]) == 2**64 - 5 and r.row()[-1] == "trace-7"
+
+
+def test_version_1_records_still_decode() -> None:
+    r = rec(1)
+    v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
+    assert decode_record(v1) == r._replace(client_request_id=None)
 
 
 @pytest.mark.parametrize(
