@@ -24,7 +24,7 @@ __all__ = [
     "to_unsigned64",
 ]
 
-VERSION = 2  # 2 added client_request_id; version 1 records (a proxy host's spool) still decode
+VERSION = 3  # 2 added client_request_id, 3 attempts; older records (a proxy host's spool) still decode
 
 
 class UsageRecord(NamedTuple):
@@ -47,10 +47,11 @@ class UsageRecord(NamedTuple):
     ttfb_ms: float | None
     budget_key: int | None  # the live spend counter (unsigned 64-bit) this request was added to
     client_request_id: str | None = None  # what the client sent as x-request-id, if anything
+    attempts: int = 1  # targets tried: 1 when the first answered, more after failovers, 0 when none was
 
     def row(self) -> tuple[Any, ...]:
         """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        return (*self[:15], to_signed64(self.budget_key), self.client_request_id)
+        return (*self[:15], to_signed64(self.budget_key), self.client_request_id, self.attempts)
 
 
 def encode_record(record: UsageRecord) -> bytes:
@@ -83,6 +84,7 @@ _TYPES = (
     _NUM | _NONE,  # ttfb_ms
     _INT | _NONE,  # budget_key
     _STR | _NONE,  # client_request_id (version 2)
+    _INT,  # attempts (version 3)
 )
 
 
@@ -105,10 +107,12 @@ def record_from_values(values: Any) -> UsageRecord:
         raise ValueError("a usage record is a JSON array")
     if len(values) == len(_TYPES) + 1 and values[0] == VERSION:
         fields = values[1:]
-    elif len(values) == len(_TYPES) and values[0] == 1:
-        fields = [*values[1:], None]
+    elif len(values) == len(_TYPES) and values[0] == 2:
+        fields = [*values[1:], 1]
+    elif len(values) == len(_TYPES) - 1 and values[0] == 1:
+        fields = [*values[1:], None, 1]
     else:
-        raise ValueError(f"not a usage record of version 1 or {VERSION}")
+        raise ValueError(f"not a usage record of version 1 to {VERSION}")
     if tuple(map(type, fields)) not in _SIGNATURES:
         for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
             if type(value) not in types:
@@ -138,6 +142,7 @@ def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
             "latency_ms": record.latency_ms,
             "ttfb_ms": record.ttfb_ms,
             "client_request_id": record.client_request_id,
+            "attempts": record.attempts,
         },
         option=orjson.OPT_APPEND_NEWLINE,
     )

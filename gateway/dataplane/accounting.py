@@ -83,7 +83,9 @@ class Accounting:
             key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers, client_id
         )
 
-    def finish(self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None) -> None:
+    def finish(
+        self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None, attempts: int = 1
+    ) -> None:
         ended = time.perf_counter()
         usage = tap.usage()
         if usage is not None:
@@ -124,5 +126,6 @@ class Accounting:
                     None if tap.started is None else round((tap.started - ex.started) * 1000, 3),
                     budget_key,
                     ex.client_request_id,
+                    attempts,
                 )
             )

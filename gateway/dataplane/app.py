@@ -233,7 +233,7 @@ class ProxyApp:
         ):
             body = inject_stream_usage(body)
         tap = ResponseTap(proto, exchange.headers)
-        status, backend = CLIENT_GONE, None
+        status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(
                 tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route)
@@ -241,6 +241,7 @@ class ProxyApp:
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None
+                attempts = attempted.attempts
         except GatewayError as exc:
             status = exc.status
             raise
@@ -248,7 +249,7 @@ class ProxyApp:
             status = tap.status
             raise
         finally:
-            accounting.finish(exchange, tap, status, backend)
+            accounting.finish(exchange, tap, status, backend, attempts)
 
     def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
         if not authorization or not authorization.startswith(("Bearer ", "bearer ")):

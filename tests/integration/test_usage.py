@@ -299,3 +299,21 @@ def test_a_client_request_id_is_returned_and_recorded(tmp_path: Path, mock_engin
         assert got[bad.headers["x-request-id"]].client_request_id is None
     finally:
         gw.stop()
+
+
+def test_records_count_the_targets_a_request_tried(tmp_path: Path, mock_engines: list[MockEngine]) -> None:
+    first, second = mock_engines[:2]
+    gw = Gateway(tmp_path, basic_config({"a": first.url, "b": second.url}), workers=1)
+    try:
+        key = ready_key(gw, "alice")
+        assert chat(gw, key, 2).status_code == 200
+        first.configure(fail_status=503, fail_count=1)
+        failed_over = chat(gw, key, 2)
+        assert failed_over.status_code == 200
+        got = {r.request_id: r for r in wait_for_records(gw, 2)}
+        assert [(r.backend, r.attempts) for r in sorted(got.values(), key=lambda r: r.ts)] == [
+            ("a", 1),
+            ("b", 2),
+        ]
+    finally:
+        gw.stop()

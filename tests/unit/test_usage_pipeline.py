@@ -83,16 +83,17 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
-    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7")
+    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2)
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
-    assert r.row()[-2] == -5 and to_unsigned64(r.row()[-2]) == 2**64 - 5 and r.row()[-1] == "trace-7"
+    assert r.row()[-3] == -5 and to_unsigned64(r.row()[-3]) == 2**64 - 5 and r.row()[-2:] == ("trace-7", 2)
 
 
-def test_version_1_records_still_decode() -> None:
-    r = rec(1)
+def test_older_records_still_decode() -> None:
+    r = rec(1, client_request_id="c")
     v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
-    assert decode_record(v1) == r._replace(client_request_id=None)
+    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1)
+    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1)
 
 
 @pytest.mark.parametrize(

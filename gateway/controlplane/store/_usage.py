@@ -18,10 +18,10 @@ __all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
-    "client_request_id"
+    "client_request_id, attempts"
 )
 _INSERT = (
-    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 17)}) "
+    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 18)}) "
     "ON CONFLICT (request_id) DO NOTHING"
 )
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
@@ -142,4 +142,6 @@ class UsageStore:
             params.append(principal_id)
         with self._driver.transaction(write=False) as tx:
             rows = tx.query(sql + " ORDER BY ts DESC, request_id LIMIT ?", [*params, limit])
-        return [UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16]]) for r in rows]
+        return [
+            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17]]) for r in rows
+        ]
