@@ -58,6 +58,7 @@ class Metrics:
         self.cost: dict[tuple[str, str], int] = defaultdict(int)  # model, principal -> nano-units
         self.latency: dict[str, _Histogram] = defaultdict(_Histogram)  # model
         self.ttfb: dict[str, _Histogram] = defaultdict(_Histogram)
+        self.failovers: dict[str, int] = defaultdict(int)  # model -> targets tried past the first
 
     def observe(self, records: Iterable[UsageRecord], principal_names: dict[str, str]) -> None:
         for r in records:
@@ -74,6 +75,8 @@ class Metrics:
             self.latency[r.model].observe(r.latency_ms / 1000)
             if r.ttfb_ms is not None:
                 self.ttfb[r.model].observe(r.ttfb_ms / 1000)
+            if r.attempts > 1:
+                self.failovers[r.model] += r.attempts - 1
 
     def render(self, host: dict[str, Any]) -> str:
         """The exposition text; ``host`` is a host report (``fleet.host_report``) plus snapshot figures."""
@@ -110,6 +113,9 @@ class Metrics:
                 out.append(f'{name}_bucket{{model="{_escape(model)}",le="+Inf"}} {h.n}')
                 out.append(f'{name}_sum{{model="{_escape(model)}"}} {h.total:.6f}')
                 out.append(f'{name}_count{{model="{_escape(model)}"}} {h.n}')
+        family("gateway_failovers_total", "counter", "Targets tried after the first, for forwarded requests.")
+        for model, n in sorted(self.failovers.items()):
+            out.append(f'gateway_failovers_total{{model="{_escape(model)}"}} {n}')
         family("gateway_in_flight_requests", "gauge", "Requests this host's proxy workers are serving now.")
         out.append(f"gateway_in_flight_requests {host.get('in_flight', 0)}")
         family(
