@@ -46,7 +46,6 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from gateway.budget import NANOS, period_window
 from gateway.controlplane.configfile import (
     LimitsSpec,
     check_limit,
@@ -54,6 +53,7 @@ from gateway.controlplane.configfile import (
     parse_config,
     parse_timestamp,
 )
+from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import AuditEntry, Store, StoreError
 from gateway.controlplane.usage_commands import since_arg
 from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
@@ -396,47 +396,14 @@ class AdminApi:
             rows = self.ctx.store.usage.summary(start, end, by, bucket)
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
-        groups = [
-            {
-                "group": r.group,
-                "requests": r.requests,
-                "errors": r.errors,
-                "prompt_tokens": r.prompt_tokens,
-                "completion_tokens": r.completion_tokens,
-                "total_tokens": r.total_tokens,
-                "cost": r.cost_nanos / NANOS,
-                **({"bucket_start": r.bucket_start} if bucket else {}),
-            }
-            for r in rows
-        ]
+        groups = usage_groups(rows)
         return _ok({"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups})
 
     def budgets(self, *_: Any) -> Reply:
-        now = time.time()
-        out = []
         try:
-            for p in self.ctx.store.principals():
-                if p.budget is None:
-                    continue
-                start, end = period_window(p.budget.period, now)
-                spent = self.ctx.store.usage.spend(start, end, [p.id])
-                tokens = sum(r.tokens for r in spent)
-                cost = sum(r.cost_nanos for r in spent)
-                out.append(
-                    {
-                        "principal": p.name,
-                        "period": p.budget.period,
-                        "window_start": start,
-                        "window_end": end,
-                        "tokens": tokens,
-                        "tokens_limit": p.budget.tokens,
-                        "cost": cost / NANOS,
-                        "cost_limit": p.budget.cost,
-                    }
-                )
+            return _ok(budget_report(self.ctx.store, time.time()))
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
-        return _ok(out)
 
     def audit(
         self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes

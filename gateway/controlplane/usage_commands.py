@@ -15,10 +15,11 @@ from typing import Any
 
 import orjson
 
-from gateway.budget import NANOS, format_money, period_window
+from gateway.budget import NANOS, format_money
 from gateway.cli import settings_from_args
 from gateway.controlplane.commands import finish_command, print_table, utc_time
 from gateway.controlplane.configfile import parse_timestamp
+from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import open_store
 from gateway.errors import ConfigError
 
@@ -63,23 +64,7 @@ def _cmd_usage(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         rows = store.usage.summary(start, end, args.by)
     if args.json:
-        doc = {
-            "since": start,
-            "until": end,
-            "by": args.by,
-            "groups": [
-                {
-                    "group": r.group,
-                    "requests": r.requests,
-                    "errors": r.errors,
-                    "prompt_tokens": r.prompt_tokens,
-                    "completion_tokens": r.completion_tokens,
-                    "total_tokens": r.total_tokens,
-                    "cost": r.cost_nanos / NANOS,
-                }
-                for r in rows
-            ],
-        }
+        doc = {"since": start, "until": end, "by": args.by, "groups": usage_groups(rows)}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print_table(
@@ -101,32 +86,8 @@ def _cmd_usage(args: argparse.Namespace) -> int:
 
 
 def _cmd_budgets(args: argparse.Namespace) -> int:
-    now = time.time()
-    out: list[dict[str, Any]] = []
     with open_store(settings_from_args(args)) as store:
-        for p in store.principals():
-            if p.budget is None:
-                continue
-            start, end = period_window(p.budget.period, now)
-            spent = store.usage.spend(start, end, [p.id])
-            tokens = sum(r.tokens for r in spent)
-            cost = sum(r.cost_nanos for r in spent)
-            exceeded = (p.budget.tokens is not None and tokens >= p.budget.tokens) or (
-                p.budget.cost is not None and cost >= round(p.budget.cost * NANOS)
-            )
-            out.append(
-                {
-                    "principal": p.name,
-                    "period": p.budget.period,
-                    "window_start": start,
-                    "window_end": end,
-                    "tokens": tokens,
-                    "tokens_limit": p.budget.tokens,
-                    "cost": cost / NANOS,
-                    "cost_limit": p.budget.cost,
-                    "exceeded": exceeded,
-                }
-            )
+        out = budget_report(store, time.time())
     if args.json:
         sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
