@@ -60,19 +60,23 @@ class BackendHealth:
     the last failure, and requests in flight. Plain counters on the worker's loop; published about once a
     second through the worker's statistics slot, never on the request path."""
 
-    __slots__ = ("answered", "failed", "in_flight", "last_error", "last_error_at")
+    __slots__ = ("answered", "consecutive", "failed", "in_flight", "last_error", "last_error_at")
 
     def __init__(self) -> None:
         self.answered = 0
         self.failed = 0
+        self.consecutive = 0  # failures since the last answer
         self.in_flight = 0
         self.last_error = ""
         self.last_error_at = 0.0
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str) -> bool:
+        """Count a failure; True when it takes the backend out (the threshold was just reached)."""
         self.failed += 1
+        self.consecutive += 1
         self.last_error = why
         self.last_error_at = time.time()
+        return self.consecutive >= FAILURES_TO_COOL_DOWN
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,13 +85,21 @@ class BackendHealth:
             "in_flight": self.in_flight,
             "last_error": self.last_error or None,
             "last_error_at": self.last_error_at or None,
+            "consecutive_failures": self.consecutive,
         }
+
+
+# Passive health: a backend that failed this many times in a row (connect errors, timeouts, 5xx; not 429,
+# which is an engine shedding load) is skipped for COOL_DOWN seconds, unless every target of the request is.
+FAILURES_TO_COOL_DOWN = 3
+COOL_DOWN = 5.0
 
 
 class Forwarder:
     def __init__(self, client: UpstreamClient) -> None:
         self.client = client
         self.health: dict[str, BackendHealth] = {}
+        self.cooling: dict[str, float] = {}  # backend -> monotonic time it may be tried again
 
     async def forward(
         self,
@@ -102,6 +114,8 @@ class Forwarder:
         kept: tuple[int, list[tuple[str, str]], bytes] | None = None
         last_error: BaseException | None = None
         targets = route.targets
+        if self.cooling:
+            targets = self._skip_cooling(targets)
         last_index = len(targets) - 1
         target: Target | None = None
         for index, target in enumerate(targets):
@@ -126,12 +140,16 @@ class Forwarder:
                         read_timeout=backend.read_timeout,
                     )
                 except UpstreamError as exc:
-                    health.fail(f"{type(exc).__name__}: {exc}")
+                    if health.fail(f"{type(exc).__name__}: {exc}"):
+                        self.cooling[backend.name] = time.monotonic() + COOL_DOWN
                     last_error = exc
                     continue
                 status = resp.status
                 if status == 429 or status >= 500:
-                    health.fail(f"HTTP {status}")
+                    if health.fail(f"HTTP {status}") and status != 429:
+                        self.cooling[backend.name] = time.monotonic() + COOL_DOWN
+                    if status == 429:
+                        health.consecutive -= 1  # load shedding says nothing about the backend's health
                     if index < last_index:
                         try:
                             kept = (status, _response_headers(resp), await resp.read())
@@ -142,6 +160,7 @@ class Forwarder:
                         continue
                 else:
                     health.answered += 1
+                    health.consecutive = 0
                 await self._relay(proto, resp)
                 return Attempted(target, status, index + 1)
             finally:
@@ -154,6 +173,17 @@ class Forwarder:
             raise UpstreamTimeout("no backend answered in time for this model")
         detail = f": {type(last_error).__name__}" if last_error is not None else ""
         raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")
+
+    def _skip_cooling(self, targets: tuple[Target, ...]) -> tuple[Target, ...]:
+        """The targets whose backend is not cooling down; all of them when every one is (trying a backend
+        that failed beats failing without trying). Expired cool-downs are dropped: the next request tries
+        the backend again, and one more failure takes it out at once."""
+        now = time.monotonic()
+        for name in [n for n, until in self.cooling.items() if until <= now]:
+            del self.cooling[name]
+        cooling = self.cooling
+        kept = tuple(t for t in targets if t.backend.name not in cooling)
+        return kept or targets
 
     async def _relay(self, proto: Any, resp: UpstreamResponse) -> None:
         """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by

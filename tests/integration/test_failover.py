@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,3 +133,34 @@ def test_failure_after_first_byte_is_not_retried(
     assert got.startswith(b"data: ")
     assert b"[DONE]" not in got
     assert len(first.requests()) == 1 and len(second.requests()) == 0
+
+
+def test_a_failing_backend_cools_down(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """After three failures in a row a backend is skipped for a while instead of being tried (and waited
+    for) by every request; the status view shows how many tries it got."""
+    from gateway.dataplane.forward import FAILURES_TO_COOL_DOWN
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = basic_config({"dead": dead, "live": mock_engine.url}, chain=["pm-dead", "pm-live"])
+    gw = Gateway(tmp_path, config, workers=1)
+    try:
+        key = gw.create_key("root")
+        body = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
+        headers = {"authorization": f"Bearer {key}"}
+        wait_until(
+            lambda: (
+                httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers).status_code == 200
+            ),
+            what="key live",
+        )
+        for _ in range(10):
+            assert httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers).status_code == 200
+
+        def dead_tries() -> str:
+            out = gw.cli("status").stdout
+            return next((line for line in out.splitlines() if "backend dead" in line), "")
+
+        wait_until(lambda: "failed=" in dead_tries(), timeout=5, what="status shows the dead backend")
+        assert f"failed={FAILURES_TO_COOL_DOWN} " in dead_tries() + " "
+    finally:
+        gw.stop()
