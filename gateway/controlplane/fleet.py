@@ -22,7 +22,7 @@ from gateway.config import Settings
 from gateway.controlplane.shares import compute_shares
 from gateway.native import UsageRing
 from gateway.shm.segment import SharedRegions
-from gateway.shm.worker_stats import WorkerStats
+from gateway.shm.worker_stats import WorkerStats, sum_backends
 
 __all__ = ["TTL", "Fleet", "host_report", "traffic_totals"]
 
@@ -36,24 +36,12 @@ def host_report(
         state = orjson.loads((settings.run_dir / "supervisor.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         state = {}
-    stats = WorkerStats(shared.stats)
-    workers = []
-    backends: dict[str, dict[str, Any]] = {}
-    for index in range(stats.slots - 1):  # the last slot is the host's own (see worker_stats)
-        raw = stats.read(index)
-        if raw is None:
-            continue
-        doc = orjson.loads(raw)
-        workers.append({k: v for k, v in doc.items() if k not in ("backends", "traffic")} | {"index": index})
-        for name, b in doc.get("backends", {}).items():
-            total = backends.setdefault(
-                name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
-            )
-            total["answered"] += b["answered"]
-            total["failed"] += b["failed"]
-            total["in_flight"] += b["in_flight"]
-            if b.get("last_error_at") and (total["last_error_at"] or 0) < b["last_error_at"]:
-                total["last_error"], total["last_error_at"] = b["last_error"], b["last_error_at"]
+    documents = WorkerStats(shared.stats).documents()
+    workers = [
+        {k: v for k, v in doc.items() if k not in ("backends", "traffic")} | {"index": index}
+        for index, doc in documents
+    ]
+    backends = sum_backends([doc for _, doc in documents])
     ring = UsageRing(shared.usage)
     try:
         pending = sum(ring.pending(i) for i in range(ring.rings))
@@ -82,14 +70,10 @@ def host_report(
 
 def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int]]:
     """Each proxy worker's requests admitted per rate-limit scope since it started, by (slot, pid)."""
-    stats = WorkerStats(shared.stats)
-    out: dict[tuple[int, int], dict[str, int]] = {}
-    for index in range(stats.slots - 1):
-        raw = stats.read(index)
-        if raw is not None:
-            doc = orjson.loads(raw)
-            out[(index, int(doc.get("pid", 0)))] = doc.get("traffic", {})
-    return out
+    return {
+        (index, int(doc.get("pid", 0))): doc.get("traffic", {})
+        for index, doc in WorkerStats(shared.stats).documents()
+    }
 
 
 class Fleet:

@@ -218,7 +218,7 @@ class RemoteControlWorker:
         self._traffic_seen = totals
         if resp.status_code != 200:
             return
-        self.host_slot.write(self.host_slot.slots - 1, resp.content)
+        self.host_slot.write(self.host_slot.host_slot, resp.content)
         try:
             bases = resp.json().get("budget_bases") or {}
             for key, (tokens, cost) in bases.items():

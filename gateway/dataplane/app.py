@@ -125,7 +125,7 @@ class ProxyApp:
             limiter = self.accounting.limiter if self.accounting is not None else None
             if limiter is not None and limiter.shares is not None:
                 document["traffic"] = dict(limiter.traffic)
-                host = slots.read(slots.slots - 1)
+                host = slots.read(slots.host_slot)
                 if host:
                     given = orjson.loads(host)
                     limiter.set_shares(given.get("shares", {}), float(given.get("default_share", 1.0)))

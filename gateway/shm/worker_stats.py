@@ -10,8 +10,11 @@ if it saw the same even ``seq`` before and after. I/O: none beyond the mapping.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
-__all__ = ["SLOT_BYTES", "WorkerStats", "region_bytes"]
+import orjson
+
+__all__ = ["SLOT_BYTES", "WorkerStats", "region_bytes", "sum_backends"]
 
 SLOT_BYTES = 16384
 _HEADER = struct.Struct("<QQ")
@@ -42,6 +45,20 @@ class WorkerStats:
         struct.pack_into("<Q", buf, base, seq + 1)
         return True
 
+    @property
+    def host_slot(self) -> int:
+        """The last slot: the host's own document, written by its control slot (see ``region_bytes``)."""
+        return self.slots - 1
+
+    def documents(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every proxy worker's last document, with its slot: ``[(index, document), ...]``."""
+        out = []
+        for index in range(self.host_slot):
+            raw = self.read(index)
+            if raw is not None:
+                out.append((index, orjson.loads(raw)))
+        return out
+
     def read(self, index: int, attempts: int = 100) -> bytes | None:
         """Slot ``index``'s last document, or None when it has none (or its writer keeps writing)."""
         buf, base = self._buf, index * SLOT_BYTES
@@ -55,3 +72,19 @@ class WorkerStats:
             if _HEADER.unpack_from(buf, base)[0] == seq:
                 return data
         return None
+
+
+def sum_backends(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The workers' per-backend counters added up, with the latest failure any of them saw."""
+    total: dict[str, dict[str, Any]] = {}
+    for doc in documents:
+        for name, b in doc.get("backends", {}).items():
+            t = total.setdefault(
+                name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
+            )
+            t["answered"] += b["answered"]
+            t["failed"] += b["failed"]
+            t["in_flight"] += b["in_flight"]
+            if b.get("last_error_at") and (t["last_error_at"] or 0) < b["last_error_at"]:
+                t["last_error"], t["last_error_at"] = b["last_error"], b["last_error_at"]
+    return total

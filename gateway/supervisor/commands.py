@@ -24,7 +24,7 @@ from gateway.dataplane.limits import HOLD_SLOTS
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
-from gateway.shm.worker_stats import WorkerStats
+from gateway.shm.worker_stats import WorkerStats, sum_backends
 from gateway.shm.worker_stats import region_bytes as stats_region_bytes
 from gateway.supervisor.process import Supervisor, WorkerSpec
 from gateway.supervisor.sd_notify import Notifier
@@ -208,11 +208,7 @@ def run_serve(args: argparse.Namespace) -> int:
         proxies = {s.pid for s in specs if s.kind == "proxy" and s.pid}
         if settings.role == "control":
             return SnapshotReader(segment.buf).generation() > 0
-        seen = set()
-        for index in range(stats_view.slots - 1):
-            raw = stats_view.read(index)
-            if raw is not None:
-                seen.add(orjson.loads(raw).get("pid"))
+        seen = {doc.get("pid") for _, doc in stats_view.documents()}
         return bool(proxies) and proxies <= seen
 
     sup = Supervisor(
@@ -324,19 +320,10 @@ def run_status(args: argparse.Namespace) -> int:
         if doc is not None:
             line += f" in_flight={doc.get('in_flight', 0)} requests={doc.get('requests', 0)}"
         print(line)
-    backends: dict[str, list[Any]] = {}
-    for doc in stats.values():
-        for name, b in doc.get("backends", {}).items():
-            total = backends.setdefault(name, [0, 0, 0, None, 0.0])
-            total[0] += b["answered"]
-            total[1] += b["failed"]
-            total[2] += b["in_flight"]
-            if (b.get("last_error_at") or 0) > total[4]:
-                total[3], total[4] = b["last_error"], b["last_error_at"]
-    for name, (answered, failed, in_flight, last_error, _) in sorted(backends.items()):
+    for name, b in sorted(sum_backends(list(stats.values())).items()):
         print(
-            f"  backend {name:<12} answered={answered} failed={failed} in_flight={in_flight}"
-            + (f" last_error={last_error!r}" if last_error else "")
+            f"  backend {name:<12} answered={b['answered']} failed={b['failed']} in_flight={b['in_flight']}"
+            + (f" last_error={b['last_error']!r}" if b["last_error"] else "")
         )
     return 0 if alive else 1
 
@@ -350,14 +337,7 @@ def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
     except Exception:
         return {}
     try:
-        view = WorkerStats(seg.buf)
-        out: dict[int, dict[str, Any]] = {}
-        for index in range(view.slots - 1):
-            raw = view.read(index)
-            if raw is not None:
-                doc = orjson.loads(raw)
-                out[int(doc.get("pid", 0))] = doc
-        return out
+        return {int(doc.get("pid", 0)): doc for _, doc in WorkerStats(seg.buf).documents()}
     finally:
         seg.close()
 
