@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.dataplane.budgets import BudgetGuard
-from gateway.dataplane.limits import BYTES_PER_TOKEN, Limiter, Ticket
+from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.snapshot import KeyEntry, Route
@@ -63,8 +63,7 @@ class Accounting:
         budget = key.principal.budget
         if budget is not None and self.budgets is not None:
             self.budgets.check(budget, time.time())
-        prompt = body_len // BYTES_PER_TOKEN
-        estimate = prompt + (max_tokens if max_tokens is not None else default)
+        prompt, estimate = estimate_tokens(body_len, max_tokens, default)
         ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
         if ticket is None and self.usage is None and budget is None:
             return None

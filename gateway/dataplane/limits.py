@@ -68,10 +68,12 @@ class Holdings:
             self.free.append(slot)
 
 
-def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> int:
-    """Tokens to reserve before dispatch: the prompt estimated from the body size, plus the completion
-    budget the client asked for (or the configured default). Settled to the real count afterwards."""
-    return body_len // BYTES_PER_TOKEN + (max_tokens if max_tokens is not None else default_completion)
+def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:
+    """``(prompt, total)`` tokens to reserve before dispatch: the prompt estimated from the body size, plus
+    the completion budget the client asked for (or the configured default). Settled to the real count
+    afterwards."""
+    prompt = body_len // BYTES_PER_TOKEN
+    return prompt, prompt + (max_tokens if max_tokens is not None else default_completion)
 
 
 @dataclass(slots=True)

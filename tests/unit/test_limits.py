@@ -116,5 +116,5 @@ def test_debt_is_allowed_when_usage_exceeds_the_reservation(limiter: Limiter) ->
 
 
 def test_estimate_tokens() -> None:
-    assert estimate_tokens(400, 50, 512) == 150
-    assert estimate_tokens(400, None, 512) == 612
+    assert estimate_tokens(400, 50, 512) == (100, 150)
+    assert estimate_tokens(400, None, 512) == (100, 612)
