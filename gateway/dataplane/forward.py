@@ -90,14 +90,15 @@ class BackendHealth:
 
 
 # Passive health: a backend that failed this many times in a row (connect errors, timeouts, 5xx; not 429,
-# which is an engine shedding load) is skipped for COOL_DOWN seconds, unless every target of the request is.
+# which is an engine shedding load) is skipped for ``cool_down`` seconds, unless every target of the
+# request is.
 FAILURES_TO_COOL_DOWN = 3
-COOL_DOWN = 5.0
 
 
 class Forwarder:
-    def __init__(self, client: UpstreamClient) -> None:
+    def __init__(self, client: UpstreamClient, cool_down: float = 5.0) -> None:
         self.client = client
+        self.cool_down = cool_down  # 0 turns passive health off
         self.health: dict[str, BackendHealth] = {}
         self.cooling: dict[str, float] = {}  # backend -> monotonic time it may be tried again
 
@@ -140,14 +141,14 @@ class Forwarder:
                         read_timeout=backend.read_timeout,
                     )
                 except UpstreamError as exc:
-                    if health.fail(f"{type(exc).__name__}: {exc}"):
-                        self.cooling[backend.name] = time.monotonic() + COOL_DOWN
+                    if health.fail(f"{type(exc).__name__}: {exc}") and self.cool_down:
+                        self.cooling[backend.name] = time.monotonic() + self.cool_down
                     last_error = exc
                     continue
                 status = resp.status
                 if status == 429 or status >= 500:
-                    if health.fail(f"HTTP {status}") and status != 429:
-                        self.cooling[backend.name] = time.monotonic() + COOL_DOWN
+                    if health.fail(f"HTTP {status}") and status != 429 and self.cool_down:
+                        self.cooling[backend.name] = time.monotonic() + self.cool_down
                     if status == 429:
                         health.consecutive -= 1  # load shedding says nothing about the backend's health
                     if index < last_index:

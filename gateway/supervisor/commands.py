@@ -75,6 +75,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     p.add_argument(
+        "--backend-cool-down",
+        type=float,
+        help="seconds a backend that failed 3 times in a row is skipped (5; 0 turns passive health off)",
+    )
+    p.add_argument(
         "--drain-delay",
         type=float,
         help="on SIGTERM, seconds /readyz answers 503 while still accepting, so a load balancer can take "

@@ -19,7 +19,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, lis
     config = basic_config(
         {"first": first.url, "second": second.url, "dead": dead}, chain=["pm-dead", "pm-first", "pm-second"]
     )
-    gw = Gateway(tmp, config, workers=2)
+    # These tests are about the order of failover, not passive health: without the cool-down every request
+    # meets the chain as configured, whatever the tests before it made fail.
+    gw = Gateway(tmp, config, workers=2, extra=("--backend-cool-down", "0"))
     key = gw.create_key("root")
     wait_until(
         lambda: (
