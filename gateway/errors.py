@@ -14,6 +14,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RoutingRefused",
     "ServiceUnavailable",
     "Unauthorized",
     "UpstreamUnavailable",
@@ -115,6 +116,32 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
     openai_type = "server_error"
     anthropic_type = "overloaded_error"
+
+
+class RoutingRefused(GatewayError):
+    """A routing rule refused the request (its status and message), or no backend of the model is up."""
+
+    code = "routing_refused"
+
+    def __init__(self, status: int, message: str, *, by_rule: bool) -> None:
+        super().__init__(message, headers={"retry-after": "1"} if status in (429, 503) else None)
+        self.status = status
+        self.code = "routing_refused" if by_rule else "no_healthy_backend"
+        self.openai_type = "server_error" if status >= 500 else "invalid_request_error"
+        fallback = "api_error" if status >= 500 else "invalid_request_error"
+        self.anthropic_type = _ANTHROPIC_TYPES.get(status, fallback)
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 class ConfigError(GatewayError):

@@ -23,8 +23,17 @@ Document schema (``schema`` = 1)::
                            "budget": {"period": "month", "tokens": 10000000, "cost": 50.0}}},  # optional
       "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
                                                   "limits": {"rpm": 30}}},               # optional
+      "pools": {"llama": {"policy": "prefix_affinity", "prefix_bytes": 512, "max_inflight": null,
+                          "targets": [["llama-8b", "vllm-a", "meta-llama/...", 1], ...]}},  # weight last
+      "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
+
+A frontend route may carry ``"rules"``: ``[{"name", "when": {...}, "action": "route" | "refuse" |
+"delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model], ...]}], "status",
+"message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes ``when``). A backend may carry
+flow-control settings (``max_concurrency``, ``waiting_high_water``, ``queue_size``, ``queue_timeout``) and
+``health_path``; a principal its role names (``"roles"``), which rules may test.
 
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
@@ -38,12 +47,15 @@ and within it each of its backends in order, as ``[provider_model, backend, upst
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from gateway.budget import Budget, Price
+from gateway.routing.load import Load
+from gateway.routing.plan import Decision, Pool, compile_pools, compile_rules, decide
+from gateway.routing.rules import Facts, Rule
 from gateway.shm.bucket_keys import bucket_key
 
 SCHEMA = 1
@@ -60,6 +72,13 @@ class Backend:
     connect_timeout: float
     first_byte_timeout: float
     read_timeout: float
+    # Flow control (``gateway.dataplane.gates``): None = no gate. The ceiling starts at max_concurrency,
+    # halves while the engine's waiting queue is at or above waiting_high_water, grows back by one a scrape.
+    max_concurrency: int | None = None
+    waiting_high_water: int = 8
+    queue_size: int = 64  # requests a host lets wait for the gate; past it, 503 at once
+    queue_timeout: float = 5.0  # how long one waits before its 503
+    health_path: str | None = None  # active probe (GET); None: no probe beyond the metrics scrape
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +95,7 @@ class Route:
     kind: str  # "frontend" | "provider"
     targets: tuple[Target, ...]
     price: Price | None = None
+    rules: tuple[Rule, ...] = ()  # frontend models only (and their aliases): see gateway.routing.rules
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +142,7 @@ class Principal:
     limits: Limits | None = None
     model_limits: dict[str, Limits] | None = None
     budget: Budget | None = None
+    roles: frozenset[str] = frozenset()
 
     def may_use(self, model: str) -> bool:
         return self.allow_all or model in self.models
@@ -145,10 +166,16 @@ class Snapshot:
     principals: dict[str, Principal]
     keys: dict[bytes, KeyEntry]  # raw 32-byte digest -> entry
     skipped: int
+    pools: dict[str, Pool] = field(default_factory=dict)
+    fallback: str | None = None  # the deployment-wide fallback model, when every target is down
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls(0, 0.0, 0, {}, {}, {}, {}, 0)
+
+    def decide(self, route: Route, facts: Facts | None, load: Load) -> Decision:
+        """Where a request for ``route`` goes (``gateway.routing.plan.decide``)."""
+        return decide(self.routes, self.fallback, route, facts, load)
 
     @classmethod
     def decode(cls, blob: bytes, generation: int) -> Snapshot:
@@ -167,9 +194,15 @@ class Snapshot:
                 connect_timeout=float(b.get("connect_timeout", 5.0)),
                 first_byte_timeout=float(b.get("first_byte_timeout", 60.0)),
                 read_timeout=float(b.get("read_timeout", 300.0)),
+                max_concurrency=_positive(b.get("max_concurrency")),
+                waiting_high_water=int(b.get("waiting_high_water", 8)),
+                queue_size=int(b.get("queue_size", 64)),
+                queue_timeout=float(b.get("queue_timeout", 5.0)),
+                health_path=b.get("health_path"),
             )
             for name, b in doc.get("backends", {}).items()
         }
+        pools = compile_pools(doc.get("pools") or {}, backends)
         routes: dict[str, Route] = {}
         for name, r in doc.get("routes", {}).items():
             targets = tuple(
@@ -183,6 +216,7 @@ class Snapshot:
                 kind=r.get("kind", "frontend"),
                 targets=targets,
                 price=Price.from_doc(r.get("price")),
+                rules=compile_rules(r.get("rules") or [], backends, pools),
             )
         principals = {
             pid: Principal(
@@ -198,6 +232,7 @@ class Snapshot:
                 }
                 or None,
                 budget=Budget.from_doc(pid, p.get("budget")),
+                roles=frozenset(p.get("roles") or ()),
             )
             for pid, p in doc.get("principals", {}).items()
         }
@@ -222,4 +257,6 @@ class Snapshot:
             principals=principals,
             keys=keys,
             skipped=int(doc.get("skipped", 0)),
+            pools=pools,
+            fallback=doc.get("fallback"),
         )

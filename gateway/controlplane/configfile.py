@@ -21,6 +21,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.budget import check_period
+from gateway.controlplane.routing_config import (
+    PoolSpec,
+    RuleSpec,
+    check_routing,
+    parse_pool,
+    parse_rules,
+    toml_value,
+)
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -80,6 +88,12 @@ class BackendSpec:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
     read_timeout: float = DEFAULT_READ_TIMEOUT
+    # Flow control and active health (see routing_config and docs/configuration.md); None = default.
+    max_concurrency: int | None = None
+    waiting_high_water: int | None = None
+    queue_size: int | None = None
+    queue_timeout: float | None = None
+    health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +130,7 @@ class ModelSpec:
     chain: tuple[str, ...]
     aliases: tuple[str, ...] = ()
     price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
+    rules: tuple[RuleSpec, ...] = ()  # terminal routing rules, first match wins (routing_config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +191,8 @@ class ConfigDoc:
     roles: tuple[RoleSpec, ...] = ()
     principals: tuple[PrincipalSpec, ...] = ()
     keys: tuple[KeySpec, ...] = ()
+    pools: tuple[PoolSpec, ...] = ()
+    fallback: str | None = None  # [routing] fallback: the model tried when every target is down
 
 
 def load_config(path: str | Path) -> ConfigDoc:
@@ -200,6 +217,8 @@ def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
     roles = _section(p, data, "roles", _role)
     principals = _section(p, data, "principals", _principal)
     keys = _section(p, data, "keys", _key)
+    pools = _section(p, data, "pools", parse_pool)
+    fallback = _routing_table(p, data.get("routing", {}))
     doc = ConfigDoc(
         backends=tuple(b for _, b in backends),
         provider_models=tuple(m for _, m in provider_models),
@@ -207,8 +226,11 @@ def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
         roles=tuple(r for _, r in roles),
         principals=tuple(pr for _, pr in principals),
         keys=tuple(k for _, k in keys),
+        pools=tuple(pl for _, pl in pools),
+        fallback=fallback,
     )
     _check_references(p, backends, provider_models, models, roles, principals, keys)
+    check_routing(p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared)
     if p.lines:
         raise ConfigError("\n".join(f"{source}: {line}" for line in p.lines), param=p.first_place)
     return doc
@@ -274,8 +296,13 @@ _BACKEND_FIELDS = (
     "connect_timeout",
     "first_byte_timeout",
     "read_timeout",
+    "max_concurrency",
+    "waiting_high_water",
+    "queue_size",
+    "queue_timeout",
+    "health_path",
 )
-_SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys")
+_SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
 T = TypeVar("T")
 
 
@@ -403,10 +430,39 @@ def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | No
         _timeout(p, place, item, "first_byte_timeout", DEFAULT_FIRST_BYTE_TIMEOUT),
         _timeout(p, place, item, "read_timeout", DEFAULT_READ_TIMEOUT),
     ]
+    counts: list[int | None] = []
+    for key in ("max_concurrency", "waiting_high_water", "queue_size"):
+        value = item.get(key)
+        if value is not None and (problem := check_limit(value)):
+            p.add(f"{place}.{key}", problem)
+            ok = False
+        counts.append(value)
+    queue_timeout = _timeout(p, place, item, "queue_timeout", 5.0) if "queue_timeout" in item else None
+    ok = ok and ("queue_timeout" not in item or queue_timeout is not None)
+    health_path = item.get("health_path")
+    if health_path is not None and (
+        not isinstance(health_path, str) or (health_path and not health_path.startswith("/"))
+    ):
+        p.add(f"{place}.health_path", 'must be a path starting with "/" (or "" for no probe)')
+        ok = False
     if not ok or name is None or None in timeouts:
         return None
     connect, first_byte, read = (t for t in timeouts if t is not None)
-    return BackendSpec(name, str(url).rstrip("/"), protocol, api_key, api_key_env, connect, first_byte, read)
+    return BackendSpec(
+        name,
+        str(url).rstrip("/"),
+        protocol,
+        api_key,
+        api_key_env,
+        connect,
+        first_byte,
+        read,
+        max_concurrency=counts[0],
+        waiting_high_water=counts[1],
+        queue_size=counts[2],
+        queue_timeout=queue_timeout,
+        health_path=health_path,
+    )
 
 
 def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
@@ -443,7 +499,7 @@ def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderM
 
 
 def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
-    p.unknown_fields(place, item, ("name", "chain", "aliases", "price"))
+    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules"))
     if isinstance(item.get("aliases"), list):  # even if invalid: see _Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
@@ -454,9 +510,22 @@ def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     aliases = _names(p, f"{place}.aliases", item.get("aliases", []), required=False)
     before = len(p.lines)
     price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
-    if name is None or chain is None or aliases is None or len(p.lines) > before:
+    rules = parse_rules(p, f"{place}.rules", item["rules"]) if "rules" in item else ()
+    if name is None or chain is None or aliases is None or rules is None or len(p.lines) > before:
         return None
-    return ModelSpec(name, chain, aliases, price)
+    return ModelSpec(name, chain, aliases, price, rules)
+
+
+def _routing_table(p: _Problems, raw: object) -> str | None:
+    """``[routing]``: today only ``fallback``, the model whose chain serves a request whose own targets
+    are all down."""
+    if not isinstance(raw, dict):
+        p.add("routing", "must be a table ([routing])")
+        return None
+    p.unknown_fields("routing", raw, ("fallback",))
+    if "fallback" not in raw:
+        return None
+    return _name(p, "routing", raw, "fallback")
 
 
 _PRICE_FIELDS = ("input", "output", "cached_input")
@@ -724,6 +793,10 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines.append(f"connect_timeout = {b.connect_timeout!r}")
         lines.append(f"first_byte_timeout = {b.first_byte_timeout!r}")
         lines.append(f"read_timeout = {b.read_timeout!r}")
+        for key in ("max_concurrency", "waiting_high_water", "queue_size", "queue_timeout", "health_path"):
+            value = getattr(b, key)
+            if value is not None:
+                lines.append(f"{key} = {toml_value(value)}")
     for pm in doc.provider_models:
         entries = ", ".join(
             f"{{ backend = {_toml_str(e.backend)}, model = {_toml_str(e.model)} }}" for e in pm.backends
@@ -736,6 +809,13 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines.append(f"aliases = {_toml_list(m.aliases)}")
         if m.price is not None:
             lines.append(f"price = {_toml_price(m.price)}")
+        for rule in m.rules:
+            lines += ["", "[[models.rules]]"]
+            lines += [f"{k} = {toml_value(v)}" for k, v in rule.as_dict().items()]
+    for pool in doc.pools:
+        lines += ["", "[[pools]]"] + [f"{k} = {toml_value(v)}" for k, v in pool.as_dict().items()]
+    if doc.fallback is not None:
+        lines += ["", "[routing]", f"fallback = {_toml_str(doc.fallback)}"]
     for r in doc.roles:
         lines += [
             "",

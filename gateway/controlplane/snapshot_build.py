@@ -43,6 +43,7 @@ from gateway.controlplane.configfile import (
     check_name,
     check_url,
 )
+from gateway.controlplane.routing_config import RoutingRows, routing_from_rows, rule_when_doc
 from gateway.controlplane.store import Store, StoreState
 from gateway.snapshot import SCHEMA
 
@@ -51,6 +52,7 @@ __all__ = ["MAX_LOGGED", "build_doc", "build_snapshot_doc"]
 log = logging.getLogger("gateway.snapshot")
 
 MAX_LOGGED = 20
+DEFAULT_HEALTH_PATH = "/health"  # vLLM and SGLang both answer it
 ALLOW_ALL = "model/*"
 _MODEL_PERMISSION = "model/"
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch
@@ -110,12 +112,17 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     built_at = time.time()
     now = built_at if now is None else now
     skip = _Skips()
-    backends = _backends(state, skip)
+    routing = routing_from_rows(state.routing)
+    for line in routing.skipped:
+        skip("routing entry", line)
+    backends = _backends(state, routing, skip)
     routes, aliases_of = _routes(state, backends, skip)
+    pools = _pools(routing, routes, skip)
+    _rules(routing, routes, pools, skip)
     principals = _principals(state, routes, aliases_of, skip)
     keys = _keys(state, principals, now, skip)
     skip.summarise(state.revision)
-    return {
+    doc = {
         "schema": SCHEMA,
         "revision": state.revision,
         "built_at": built_at,
@@ -123,11 +130,19 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
         "routes": routes,
         "principals": principals,
         "keys": keys,
+        "pools": pools,
         "skipped": skip.count,
     }
+    if routing.fallback is not None:
+        if routing.fallback in routes:
+            doc["fallback"] = routing.fallback
+        else:
+            skip("routing fallback", f"unknown or unusable model {routing.fallback!r}")
+            doc["skipped"] = skip.count
+    return doc
 
 
-def _backends(state: StoreState, skip: _Skips) -> dict[str, dict[str, Any]]:
+def _backends(state: StoreState, routing: RoutingRows, skip: _Skips) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, url, protocol, api_key, _env, connect, first_byte, read in state.backends:
         timeouts = [_seconds(connect), _seconds(first_byte), _seconds(read)]
@@ -149,7 +164,76 @@ def _backends(state: StoreState, skip: _Skips) -> dict[str, dict[str, Any]]:
             "first_byte_timeout": timeouts[1],
             "read_timeout": timeouts[2],
         }
+        flow = routing.backends.get(name, {})
+        out[name].update({k: v for k, v in flow.items() if k != "health_path" and v is not None})
+        health_path = flow.get("health_path")
+        if health_path is None and protocol == "openai":
+            health_path = DEFAULT_HEALTH_PATH
+        out[name]["health_path"] = health_path or None
     return out
+
+
+def _pools(routing: RoutingRows, routes: dict[str, dict[str, Any]], skip: _Skips) -> dict[str, Any]:
+    """Each pool with its members' targets flattened (weight appended), members that are gone skipped."""
+    out: dict[str, Any] = {}
+    for pool in routing.pools:
+        weights = pool.weights or (1,) * len(pool.members)
+        targets = []
+        for member, weight in zip(pool.members, weights, strict=True):
+            route = routes.get(member)
+            if route is None or route["kind"] != "provider":
+                skip(f"member {member!r} of pool {pool.name!r}", "unknown or unusable provider model")
+                continue
+            targets += [[*t, weight] for t in route["targets"]]
+        if not targets:
+            skip(f"pool {pool.name!r}", "no usable member")
+            continue
+        out[pool.name] = {
+            "policy": pool.policy,
+            "targets": targets,
+            "prefix_bytes": pool.prefix_bytes,
+            "max_inflight": pool.max_inflight,
+        }
+    return out
+
+
+def _rules(
+    routing: RoutingRows, routes: dict[str, dict[str, Any]], pools: dict[str, Any], skip: _Skips
+) -> None:
+    """Compile each frontend model's rules into its routes (the model's and its aliases')."""
+    for model, specs in routing.rules.items():
+        route = routes.get(model)
+        if route is None or route["kind"] != "frontend":
+            skip(f"rules of model {model!r}", "unknown or unusable frontend model")
+            continue
+        docs = []
+        for i, rule in enumerate(specs):
+            doc: dict[str, Any] = {"name": rule.name, "when": rule_when_doc(rule.when), "action": rule.action}
+            if rule.tag is not None:
+                doc["tag"] = rule.tag
+            if rule.refuse is not None:
+                doc["status"], doc["message"] = rule.refuse
+            elif rule.delegate is not None:
+                doc["model"] = rule.delegate
+            else:
+                steps = []
+                for name in rule.route:
+                    if name in pools:
+                        steps.append({"pool": name})
+                    elif name in routes and routes[name]["kind"] == "provider":
+                        steps.append({"targets": routes[name]["targets"]})
+                    else:
+                        skip(f"target {name!r} of rule {i} of model {model!r}", "unknown or unusable")
+                if not steps:
+                    skip(f"rule {i} of model {model!r}", "no usable target: the rule is left out")
+                    continue
+                doc["steps"] = steps
+                if rule.policy is not None:
+                    doc["policy"] = rule.policy
+            docs.append(doc)
+        for entry in routes.values():
+            if entry["canonical"] == model and entry["kind"] == "frontend":
+                entry["rules"] = docs
 
 
 def _routes(
@@ -338,6 +422,7 @@ def _principals(
             del names[pid]
             limits.pop(pid, None)
     held: dict[str, set[str]] = {pid: set() for pid in names}
+    roles_of: dict[str, set[str]] = {}
     for pid, role in state.principal_roles:
         if pid not in held:
             skip(f"role {role!r} of principal {pid!r}", "unknown principal")
@@ -345,6 +430,7 @@ def _principals(
             skip(f"role {role!r} of principal {pid!r}", "unknown role")
         else:
             held[pid].update(permissions[role])
+            roles_of.setdefault(pid, set()).add(role)
 
     # Principals mostly share a handful of role combinations: match patterns once per combination.
     cache: dict[frozenset[str], tuple[bool, list[str]]] = {}
@@ -355,6 +441,8 @@ def _principals(
         if grant is None:
             grant = cache[perms] = _grants(perms, routes, aliases_of)
         entry = {"name": name, "allow_all": grant[0], "models": grant[1], **limits.get(pid, {})}
+        if roles_of.get(pid):
+            entry["roles"] = sorted(roles_of[pid])
         admin = sorted(p for p in perms if not p.startswith(_MODEL_PERMISSION))
         if admin:
             entry["permissions"] = admin  # what the admin API checks: usage:read, key:create, ...

@@ -20,12 +20,22 @@ import orjson
 
 from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
+from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP, make_client
-from gateway.errors import BadRequest, Forbidden, GatewayError, NotFound, PayloadTooLarge, Unauthorized
+from gateway.errors import (
+    BadRequest,
+    Forbidden,
+    GatewayError,
+    NotFound,
+    PayloadTooLarge,
+    RoutingRefused,
+    Unauthorized,
+)
 from gateway.keys import hash_secret
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
+from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import KeyEntry, Snapshot
@@ -51,6 +61,7 @@ class ProxyApp:
         reader: SnapshotReader | None,
         accounting: Accounting | None = None,
         stats: tuple[WorkerStats, int] | None = None,
+        load: BackendLoad | None = None,
     ) -> None:
         self.settings = settings
         self.accounting = accounting
@@ -59,6 +70,7 @@ class ProxyApp:
         self.snapshot = Snapshot.empty()
         self.draining = False
         self.forwarder: Forwarder | None = None
+        self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
         self._usage_task: asyncio.Task[None] | None = None
@@ -72,7 +84,7 @@ class ProxyApp:
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
-        self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down)
+        self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down, self.load)
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
@@ -137,6 +149,7 @@ class ProxyApp:
         while True:
             await asyncio.sleep(interval)
             self.refresh_snapshot()
+            self.load.refresh_engines()
 
     # -- dispatch ----------------------------------------------------------------------------------
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
@@ -204,6 +217,16 @@ class ProxyApp:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
         if not key.principal.may_use(info.model):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        facts = None
+        if route.rules:
+            prompt = len(body) // 4
+            facts = Facts(key.principal, headers, info.user, prompt, info.max_tokens, info.stream, body)
+        decision = snap.decide(route, facts, self.load)
+        if decision.refused is not None:
+            status, message = decision.refused
+            by_rule = decision.rule is not None and decision.rule.action == "refuse"
+            raise RoutingRefused(status, message, by_rule=by_rule)
+        targets = decision.targets
         accounting = self.accounting
         exchange = None
         if accounting is not None:
@@ -222,7 +245,7 @@ class ProxyApp:
         forwarder = self.forwarder_or_fail()
         if accounting is None or exchange is None:
             await self.run_guarded(
-                proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, route)
+                proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, targets)
             )
             return
         if (
@@ -236,7 +259,7 @@ class ProxyApp:
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(
-                tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, route)
+                tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, targets)
             )
             if attempted is not None:
                 status = tap.status or attempted.status

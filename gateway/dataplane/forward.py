@@ -1,9 +1,11 @@
 """Forwarding with failover, and the byte-for-byte relay of the answer.
 
 A target is tried, and on a connect error, a timeout before the response headers, a 429 or a 5xx the
-next one is, in chain order. Other statuses are the answer. Nothing is retried once the first byte has
-been handed to the client. When every target failed, the last HTTP answer any of them gave reaches the
-client verbatim; only if none answered at all does the gateway speak (502/504).
+next one is, in the order routing decided. A target whose flow-control gate is full is passed over, and
+when all are the request waits for a place (``backend_load``). Other statuses are the answer. Nothing is
+retried once the first byte has been handed to the client. When every target failed, the last HTTP answer
+any of them gave reaches the client verbatim; only if none answered at all does the gateway speak
+(502/504).
 I/O: the upstream request through the worker's ``UpstreamClient``, and writes to the client.
 """
 
@@ -13,12 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.dataplane.backend_load import BackendLoad, Place
 from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamResponse
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.upstream import HOP_BY_HOP
 from gateway.errors import GatewayError, UpstreamUnavailable
 from gateway.protocol.openai_request import RequestInfo, splice_model
-from gateway.snapshot import Route, Target
+from gateway.snapshot import Target
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
 
@@ -90,17 +93,23 @@ class BackendHealth:
 
 
 # Passive health: a backend that failed this many times in a row (connect errors, timeouts, 5xx; not 429,
-# which is an engine shedding load) is skipped for ``cool_down`` seconds, unless every target of the
-# request is.
+# which is an engine shedding load) is cooling for ``cool_down`` seconds: routing leaves it out, and moves
+# to the deployment-wide fallback (or answers 503) when every target of a request is out.
 FAILURES_TO_COOL_DOWN = 3
 
 
 class Forwarder:
-    def __init__(self, client: UpstreamClient, cool_down: float = 5.0) -> None:
+    def __init__(
+        self, client: UpstreamClient, cool_down: float = 5.0, load: BackendLoad | None = None
+    ) -> None:
         self.client = client
         self.cool_down = cool_down  # 0 turns passive health off
+        self.load = load if load is not None else BackendLoad(None, None)
         self.health: dict[str, BackendHealth] = {}
-        self.cooling: dict[str, float] = {}  # backend -> monotonic time it may be tried again
+
+    @property
+    def cooling(self) -> dict[str, float]:
+        return self.load.cooling
 
     async def forward(
         self,
@@ -110,81 +119,26 @@ class Forwarder:
         headers: list[tuple[str, str]],
         body: bytes,
         info: RequestInfo | None,
-        route: Route,
+        targets: tuple[Target, ...],
     ) -> Attempted:
-        kept: tuple[int, list[tuple[str, str]], bytes] | None = None
-        last_error: BaseException | None = None
-        targets = route.targets
-        if self.cooling:
-            targets = self._skip_cooling(targets)
-        last_index = len(targets) - 1
-        target: Target | None = None
-        for index, target in enumerate(targets):
-            backend = target.backend
-            health = self.health.get(backend.name)
-            if health is None:
-                health = self.health[backend.name] = BackendHealth()
-            payload = body
-            if info is not None and target.upstream_model != info.model:
-                payload = splice_model(body, info, target.upstream_model)
-            health.in_flight += 1
-            try:
-                try:
-                    resp = await self.client.request(
-                        backend.url,
-                        method,
-                        path_qs,
-                        _upstream_headers(headers, target),
-                        payload,
-                        connect_timeout=backend.connect_timeout,
-                        first_byte_timeout=backend.first_byte_timeout,
-                        read_timeout=backend.read_timeout,
-                    )
-                except UpstreamError as exc:
-                    if health.fail(f"{type(exc).__name__}: {exc}") and self.cool_down:
-                        self.cooling[backend.name] = time.monotonic() + self.cool_down
-                    last_error = exc
-                    continue
-                status = resp.status
-                if status == 429 or status >= 500:
-                    if health.fail(f"HTTP {status}") and status != 429 and self.cool_down:
-                        self.cooling[backend.name] = time.monotonic() + self.cool_down
-                    if status == 429:
-                        health.consecutive -= 1  # load shedding says nothing about the backend's health
-                    if index < last_index:
-                        try:
-                            kept = (status, _response_headers(resp), await resp.read())
-                        except UpstreamError:
-                            pass
-                        finally:
-                            resp.release()
-                        continue
-                else:
-                    health.answered += 1
-                    health.consecutive = 0
-                await self._relay(proto, resp)
-                return Attempted(target, status, index + 1)
-            finally:
-                health.in_flight -= 1
-        if kept is not None:
-            status, hdrs, data = kept
-            proto.response_bytes(status, hdrs, data)
-            return Attempted(target, status, len(targets))
-        if isinstance(last_error, ClientTimeout):
-            raise UpstreamTimeout("no backend answered in time for this model")
-        detail = f": {type(last_error).__name__}" if last_error is not None else ""
-        raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")
-
-    def _skip_cooling(self, targets: tuple[Target, ...]) -> tuple[Target, ...]:
-        """The targets whose backend is not cooling down; all of them when every one is (trying a backend
-        that failed beats failing without trying). Expired cool-downs are dropped: the next request tries
-        the backend again, and one more failure takes it out at once."""
-        now = time.monotonic()
-        for name in [n for n, until in self.cooling.items() if until <= now]:
-            del self.cooling[name]
-        cooling = self.cooling
-        kept = tuple(t for t in targets if t.backend.name not in cooling)
-        return kept or targets
+        """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
+        is full is passed over; if every remaining one is, the request waits for a place (bounded)."""
+        load = self.load
+        attempt = _Attempt(self, proto, method, path_qs, headers, body, info, len(targets))
+        full: list[Target] = []
+        for target in targets:
+            place = load.enter(target.backend)
+            if place is None:
+                full.append(target)
+                continue
+            if await attempt.run(target, place):
+                return attempt.result()
+        if full and attempt.tries == 0:
+            target, place = await load.wait(full)
+            attempt.last = attempt.tries + 1
+            if await attempt.run(target, place):
+                return attempt.result()
+        return attempt.give_up(proto)
 
     async def _relay(self, proto: Any, resp: UpstreamResponse) -> None:
         """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by
@@ -218,3 +172,117 @@ class Forwarder:
             raise
         finally:
             resp.release()
+
+
+class _Attempt:
+    """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
+    target fails, the last error, and how many targets were tried."""
+
+    __slots__ = (
+        "body",
+        "error",
+        "fwd",
+        "headers",
+        "info",
+        "kept",
+        "last",
+        "method",
+        "path_qs",
+        "proto",
+        "status",
+        "target",
+        "tries",
+    )
+
+    def __init__(
+        self,
+        fwd: Forwarder,
+        proto: Any,
+        method: str,
+        path_qs: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        info: RequestInfo | None,
+        count: int,
+    ) -> None:
+        self.fwd = fwd
+        self.proto = proto
+        self.method = method
+        self.path_qs = path_qs
+        self.headers = headers
+        self.body = body
+        self.info = info
+        self.last = count  # tries after which a failure's answer is relayed rather than kept
+        self.tries = 0
+        self.kept: tuple[int, list[tuple[str, str]], bytes] | None = None
+        self.error: BaseException | None = None
+        self.target: Target | None = None
+        self.status = 0
+
+    async def run(self, target: Target, place: Place) -> bool:
+        """Try ``target`` holding ``place``; True when its answer went to the client."""
+        fwd = self.fwd
+        backend = target.backend
+        self.tries += 1
+        self.target = target
+        health = fwd.health.get(backend.name)
+        if health is None:
+            health = fwd.health[backend.name] = BackendHealth()
+        payload = self.body
+        info = self.info
+        if info is not None and target.upstream_model != info.model:
+            payload = splice_model(payload, info, target.upstream_model)
+        health.in_flight += 1
+        try:
+            try:
+                resp = await fwd.client.request(
+                    backend.url,
+                    self.method,
+                    self.path_qs,
+                    _upstream_headers(self.headers, target),
+                    payload,
+                    connect_timeout=backend.connect_timeout,
+                    first_byte_timeout=backend.first_byte_timeout,
+                    read_timeout=backend.read_timeout,
+                )
+            except UpstreamError as exc:
+                if health.fail(f"{type(exc).__name__}: {exc}") and fwd.cool_down:
+                    fwd.cooling[backend.name] = time.monotonic() + fwd.cool_down
+                self.error = exc
+                return False
+            status = self.status = resp.status
+            if status == 429 or status >= 500:
+                if health.fail(f"HTTP {status}") and status != 429 and fwd.cool_down:
+                    fwd.cooling[backend.name] = time.monotonic() + fwd.cool_down
+                if status == 429:
+                    health.consecutive -= 1  # load shedding says nothing about the backend's health
+                if self.tries < self.last:
+                    try:
+                        self.kept = (status, _response_headers(resp), await resp.read())
+                    except UpstreamError:
+                        pass
+                    finally:
+                        resp.release()
+                    return False
+            else:
+                health.answered += 1
+                health.consecutive = 0
+            await fwd._relay(self.proto, resp)
+            return True
+        finally:
+            health.in_flight -= 1
+            fwd.load.leave(backend, place)
+
+    def result(self) -> Attempted:
+        return Attempted(self.target, self.status, self.tries)
+
+    def give_up(self, proto: Any) -> Attempted:
+        """Every target failed: the last kept answer goes to the client verbatim, or the gateway speaks."""
+        if self.kept is not None:
+            status, hdrs, data = self.kept
+            proto.response_bytes(status, hdrs, data)
+            return Attempted(self.target, status, self.tries)
+        if isinstance(self.error, ClientTimeout):
+            raise UpstreamTimeout("no backend answered in time for this model")
+        detail = f": {type(self.error).__name__}" if self.error is not None else ""
+        raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")

@@ -23,6 +23,7 @@ from granian.server.embed import Server
 from gateway.config import Settings
 from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.app import ProxyApp
+from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import Holdings, Limiter
 from gateway.dataplane.usage_log import UsageLog
@@ -45,9 +46,9 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
     limiter = Limiter(table, holdings, shared=settings.role == "proxy")
     accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage)
-    app = ProxyApp(
-        settings, hash_key, SnapshotReader(shared.snapshot), accounting, (WorkerStats(shared.stats), index)
-    )
+    stats = WorkerStats(shared.stats)
+    load = BackendLoad(table, holdings, stats)
+    app = ProxyApp(settings, hash_key, SnapshotReader(shared.snapshot), accounting, (stats, index), load)
     # Everything alive now (modules, the app, what the fork inherited) lives as long as the worker: move it
     # out of the collector's sight, so that full collections walk only what requests allocate. Measured:
     # without this, full collections cost about a fifth of a small request's throughput.

@@ -41,6 +41,7 @@ class RequestInfo:
     model_span: tuple[int, int] | None
     multipart: bool = False
     stream_options: bool = False  # the body has a stream_options member, whatever its value
+    user: str | None = None  # the "user" member (or Anthropic's metadata.user): routing rules test it
 
 
 def inspect_json(body: bytes) -> RequestInfo:
@@ -63,7 +64,20 @@ def inspect_json(body: bytes) -> RequestInfo:
     max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise BadRequest("max_tokens must be an integer", param="max_tokens")
-    return RequestInfo(model, stream, include_usage, max_tokens, None, False, "stream_options" in doc)
+    user = doc.get("user")
+    if not isinstance(user, str):
+        metadata = doc.get("metadata")
+        user = metadata.get("user") if isinstance(metadata, dict) else None
+    return RequestInfo(
+        model,
+        stream,
+        include_usage,
+        max_tokens,
+        None,
+        False,
+        "stream_options" in doc,
+        user if isinstance(user, str) else None,
+    )
 
 
 def inject_stream_usage(body: bytes) -> bytes:

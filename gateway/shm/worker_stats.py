@@ -21,9 +21,10 @@ _HEADER = struct.Struct("<QQ")
 
 
 def region_bytes(workers: int) -> int:
-    """One slot per proxy worker, and a last one for the host: what its control slot tells the workers
+    """One slot per proxy worker, then one for the engines' figures (the host's scraper writes it, the
+    workers read it for routing), and a last one for the host: what its control slot tells the workers
     (on proxy-role hosts, their shares of rate limits)."""
-    return (max(1, workers) + 1) * SLOT_BYTES
+    return (max(1, workers) + 2) * SLOT_BYTES
 
 
 class WorkerStats:
@@ -50,10 +51,15 @@ class WorkerStats:
         """The last slot: the host's own document, written by its control slot (see ``region_bytes``)."""
         return self.slots - 1
 
+    @property
+    def engine_slot(self) -> int:
+        """The engines' document (``gateway.controlplane.engines``): load, gate ceilings, probe results."""
+        return self.slots - 2
+
     def documents(self) -> list[tuple[int, dict[str, Any]]]:
         """Every proxy worker's last document, with its slot: ``[(index, document), ...]``."""
         out = []
-        for index in range(self.host_slot):
+        for index in range(self.engine_slot):
             raw = self.read(index)
             if raw is not None:
                 out.append((index, orjson.loads(raw)))

@@ -42,6 +42,7 @@ from gateway.controlplane.configfile import (
     check_limit,
     check_name,
 )
+from gateway.controlplane.routing_config import routing_from_rows, routing_rows
 from gateway.controlplane.store._driver import Driver, Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._usage import UsageStore
@@ -132,6 +133,7 @@ class StoreState:
     keys: Sequence[Row]
     prices: Sequence[Row] = ()  # (name, input, output, cached_input) of priced models and provider models
     budgets: Sequence[Row] = ()  # (principal_id, period, tokens, cost) of principals with a budget
+    routing: Sequence[Row] = ()  # (kind, name, JSON body): see routing_rows
 
 
 _LIMIT_COLUMNS = "limit_rpm, limit_tpm, limit_concurrency"
@@ -332,6 +334,10 @@ class Store:
                 ],
             )
             self._apply_keys(tx, cfg.keys, principal_ids, key_hashes)
+            tx.execute("DELETE FROM routing_entries")
+            tx.executemany(
+                "INSERT INTO routing_entries (kind, name, body) VALUES (?, ?, ?)", routing_rows(cfg)
+            )
             _write_audit(tx, audit)
             return _bump_revision(tx)
 
@@ -648,6 +654,7 @@ class Store:
                     f"SELECT id, {_BUDGET_COLUMNS} FROM principals "
                     "WHERE budget_period IS NOT NULL ORDER BY id"
                 ),
+                routing=tx.query("SELECT kind, name, body FROM routing_entries ORDER BY kind, name"),
             )
 
     def config_doc(self) -> ConfigDoc:
@@ -676,6 +683,7 @@ class Store:
         model_limits = _model_limits_by_principal(st.principal_model_limits)
         prices = {row[0]: _price_from(row[1:4]) for row in st.prices}
         budgets = {row[0]: _budget_from(row[1:4]) for row in st.budgets}
+        routing = routing_from_rows(st.routing)
         return ConfigDoc(
             backends=tuple(
                 BackendSpec(
@@ -687,6 +695,7 @@ class Store:
                     float(ct),
                     float(fb),
                     float(rt),
+                    **routing.backends.get(name, {}),
                 )
                 for name, url, protocol, api_key, env_name, ct, fb, rt in st.backends
             ),
@@ -694,7 +703,13 @@ class Store:
                 ProviderModelSpec(n, tuple(pm_backends.get(n, ())), prices.get(n)) for n in st.provider_models
             ),
             models=tuple(
-                ModelSpec(n, tuple(chains.get(n, ())), tuple(aliases.get(n, ())), prices.get(n))
+                ModelSpec(
+                    n,
+                    tuple(chains.get(n, ())),
+                    tuple(aliases.get(n, ())),
+                    prices.get(n),
+                    routing.rules.get(n, ()),
+                )
                 for n in st.models
             ),
             roles=tuple(RoleSpec(n, tuple(perms.get(n, ()))) for n in st.roles),
@@ -719,6 +734,8 @@ class Store:
                 for k in sorted(st.keys, key=lambda k: str(k[1]))
                 if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names
             ),
+            pools=routing.pools,
+            fallback=routing.fallback,
         )
 
 

@@ -1,0 +1,483 @@
+"""The routing part of the configuration file: model pools, frontend models' rules, the deployment-wide
+fallback, and backends' flow-control settings — parsed, checked, and written back as TOML.
+
+    [routing]
+    fallback = "chat-small"            # when every target of a request is down
+
+    [[pools]]
+    name = "llama"
+    policy = "prefix_affinity"   # round_robin, weighted, least_inflight, prefix_affinity, engine_load
+    members = ["llama-a", "llama-b"]   # provider models
+    weights = [3, 1]                   # weighted only
+    prefix_bytes = 512                 # prefix_affinity only: how much of the body is hashed
+    max_inflight = 32                  # prefix_affinity only: past it, the least-loaded member goes first
+
+    [[models.rules]]                   # under a [[models]] table; terminal, first match wins
+    name = "free streams"
+    when = { headers = { x-tier = "free" }, stream = true }
+    refuse = { status = 429, message = "streaming is for paid plans" }   # or route = [...], delegate = "..."
+    tag = "free"                       # labels the usage of the requests it decides
+    policy = "least_inflight"          # reorders the route's targets
+
+Conditions are listed in ``gateway.routing.rules``; here they keep their file form (``hours = "22:00-06:00"``,
+``days = ["sat", "sun"]``), normalised so that a dump reads back equal. No I/O here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import orjson
+
+from gateway.routing.policies import POLICIES
+
+if TYPE_CHECKING:
+    from gateway.controlplane.configfile import ConfigDoc
+
+__all__ = [
+    "BACKEND_FLOW_FIELDS",
+    "DAYS",
+    "PoolSpec",
+    "RoutingRows",
+    "RuleSpec",
+    "check_routing",
+    "parse_pool",
+    "parse_rules",
+    "routing_from_rows",
+    "routing_rows",
+    "rule_when_doc",
+    "toml_value",
+]
+
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_HOURS = re.compile(r"([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)")
+_LIST_CONDITIONS = ("user", "principals", "roles")
+_COUNT_CONDITIONS = ("prompt_tokens_min", "prompt_tokens_max", "max_tokens_min", "max_tokens_max")
+_RULE_FIELDS = ("name", "when", "route", "refuse", "delegate", "tag", "policy")
+_WHEN_FIELDS = (
+    "headers",
+    *_LIST_CONDITIONS,
+    *_COUNT_CONDITIONS,
+    "stream",
+    "hours",
+    "days",
+    "max_inflight_per_backend",
+)
+MAX_RULES = 100
+
+
+class Problems(Protocol):
+    def add(self, place: str, message: str) -> None: ...
+
+    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    name: str
+    policy: str
+    members: tuple[str, ...]  # provider models
+    weights: tuple[int, ...] = ()
+    prefix_bytes: int | None = None
+    max_inflight: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "policy": self.policy, "members": list(self.members)}
+        if self.weights:
+            out["weights"] = list(self.weights)
+        if self.prefix_bytes is not None:
+            out["prefix_bytes"] = self.prefix_bytes
+        if self.max_inflight is not None:
+            out["max_inflight"] = self.max_inflight
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    when: dict[str, Any] = field(default_factory=dict)  # file form, normalised
+    route: tuple[str, ...] = ()  # provider models and pools, in order
+    refuse: tuple[int, str] | None = None
+    delegate: str | None = None
+    name: str | None = None
+    tag: str | None = None
+    policy: str | None = None
+
+    @property
+    def action(self) -> str:
+        return "refuse" if self.refuse else "delegate" if self.delegate else "route"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        out["when"] = self.when
+        if self.refuse is not None:
+            out["refuse"] = {"status": self.refuse[0], "message": self.refuse[1]}
+        elif self.delegate is not None:
+            out["delegate"] = self.delegate
+        else:
+            out["route"] = list(self.route)
+        if self.tag is not None:
+            out["tag"] = self.tag
+        if self.policy is not None:
+            out["policy"] = self.policy
+        return out
+
+
+def _count(p: Problems, place: str, value: Any, *, minimum: int = 0) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > 10**12:
+        p.add(place, f"must be an integer of at least {minimum}")
+        return None
+    return value
+
+
+def _strings(p: Problems, place: str, value: Any) -> list[str] | None:
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+        p.add(place, "must be a string or a non-empty array of strings")
+        return None
+    return list(values)
+
+
+def _text(p: Problems, place: str, value: Any) -> str | None:
+    if not isinstance(value, str) or not value or len(value) > 500:
+        p.add(place, "must be a non-empty string of at most 500 characters")
+        return None
+    return value
+
+
+def _when(p: Problems, place: str, raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, dict):
+        p.add(place, "must be a table of conditions")
+        return None
+    p.unknown_fields(place, raw, _WHEN_FIELDS)
+    out: dict[str, Any] = {}
+    if "headers" in raw:
+        headers = raw["headers"]
+        if not isinstance(headers, dict) or not headers:
+            p.add(f"{place}.headers", "must be a table of header name = value(s)")
+        else:
+            out["headers"] = {}
+            for name, value in headers.items():
+                values = _strings(p, f"{place}.headers.{name}", value)
+                if values is not None:
+                    out["headers"][name.lower()] = values
+    for key in _LIST_CONDITIONS:
+        if key in raw and (values := _strings(p, f"{place}.{key}", raw[key])) is not None:
+            out[key] = values
+    for key in (*_COUNT_CONDITIONS, "max_inflight_per_backend"):
+        if key in raw:
+            minimum = 1 if key == "max_inflight_per_backend" else 0
+            if (n := _count(p, f"{place}.{key}", raw[key], minimum=minimum)) is not None:
+                out[key] = n
+    if "stream" in raw:
+        if not isinstance(raw["stream"], bool):
+            p.add(f"{place}.stream", "must be true or false")
+        else:
+            out["stream"] = raw["stream"]
+    if "hours" in raw:
+        if not isinstance(raw["hours"], str) or not _HOURS.fullmatch(raw["hours"]):
+            p.add(f"{place}.hours", 'must be "HH:MM-HH:MM" (UTC), e.g. "22:00-06:00"')
+        else:
+            out["hours"] = raw["hours"]
+    if "days" in raw:
+        days = raw["days"]
+        if not isinstance(days, list) or not days or any(d not in DAYS for d in days):
+            p.add(f"{place}.days", f"must be a non-empty array of {', '.join(DAYS)}")
+        else:
+            out["days"] = [d for d in DAYS if d in days]
+    return out
+
+
+def parse_rules(p: Problems, place: str, raw: Any) -> tuple[RuleSpec, ...] | None:
+    if not isinstance(raw, list) or len(raw) > MAX_RULES:
+        p.add(place, f"must be an array of at most {MAX_RULES} tables ([[models.rules]])")
+        return None
+    rules: list[RuleSpec] = []
+    ok = True
+    for i, item in enumerate(raw):
+        rule = _rule(p, f"{place}[{i}]", item)
+        ok = ok and rule is not None
+        if rule is not None:
+            rules.append(rule)
+    return tuple(rules) if ok else None
+
+
+def _rule(p: Problems, place: str, item: Any) -> RuleSpec | None:
+    if not isinstance(item, dict):
+        p.add(place, "must be a table")
+        return None
+    p.unknown_fields(place, item, _RULE_FIELDS)
+    actions = [a for a in ("route", "refuse", "delegate") if a in item]
+    if len(actions) != 1:
+        p.add(place, "needs exactly one of route, refuse, delegate")
+        return None
+    bad = False
+    name = _text(p, f"{place}.name", item["name"]) if "name" in item else None
+    tag = _text(p, f"{place}.tag", item["tag"]) if "tag" in item else None
+    bad |= ("name" in item and name is None) or ("tag" in item and tag is None)
+    when = _when(p, f"{place}.when", item.get("when", {}))
+    policy = item.get("policy")
+    if policy is not None and policy not in POLICIES:
+        p.add(f"{place}.policy", f"must be one of {', '.join(POLICIES)}")
+        bad = True
+    if policy is not None and actions[0] != "route":
+        p.add(f"{place}.policy", "only a rule that routes has a target-selection policy")
+        bad = True
+    route: tuple[str, ...] = ()
+    refuse = None
+    delegate = None
+    if actions[0] == "route":
+        targets = item["route"]
+        if not isinstance(targets, list) or not targets or not all(isinstance(t, str) for t in targets):
+            p.add(f"{place}.route", "must be a non-empty array of provider model or pool names")
+            bad = True
+        else:
+            route = tuple(targets)
+    elif actions[0] == "refuse":
+        spec = item["refuse"]
+        if not isinstance(spec, dict):
+            p.add(f"{place}.refuse", "must be a table { status = ..., message = ... }")
+            return None
+        p.unknown_fields(f"{place}.refuse", spec, ("status", "message"))
+        status = spec.get("status", 403)
+        if isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599:
+            p.add(f"{place}.refuse.status", "must be an HTTP error status (400-599)")
+            bad = True
+        message = _text(p, f"{place}.refuse.message", spec.get("message", "refused by a routing rule"))
+        if message is None or bad:
+            return None
+        refuse = (status, message)
+    else:
+        if not isinstance(item["delegate"], str) or not item["delegate"]:
+            p.add(f"{place}.delegate", "must name a frontend model")
+            return None
+        delegate = item["delegate"]
+    if bad or when is None:
+        return None
+    return RuleSpec(when, route, refuse, delegate, name, tag, policy)
+
+
+def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None:
+    p.unknown_fields(place, item, ("name", "policy", "members", "weights", "prefix_bytes", "max_inflight"))
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        p.add(f"{place}.name", "is required")
+        return None
+    policy = item.get("policy", "round_robin")
+    ok = True
+    if policy not in POLICIES:
+        p.add(f"{place}.policy", f"must be one of {', '.join(POLICIES)}")
+        ok = False
+    members = item.get("members")
+    if not isinstance(members, list) or not members or not all(isinstance(m, str) for m in members):
+        p.add(f"{place}.members", "must be a non-empty array of provider model names")
+        return None
+    if len(set(members)) != len(members):
+        p.add(f"{place}.members", "lists a provider model twice")
+        ok = False
+    weights: tuple[int, ...] = ()
+    if "weights" in item:
+        raw = item["weights"]
+        if policy != "weighted":
+            p.add(f"{place}.weights", 'only a "weighted" pool has weights')
+            ok = False
+        elif not isinstance(raw, list) or len(raw) != len(members):
+            p.add(f"{place}.weights", "must give one weight per member")
+            ok = False
+        else:
+            counted = [_count(p, f"{place}.weights[{i}]", w, minimum=1) for i, w in enumerate(raw)]
+            ok = ok and None not in counted
+            weights = tuple(w for w in counted if w is not None)
+    prefix_bytes = max_inflight = None
+    for key in ("prefix_bytes", "max_inflight"):
+        if key in item:
+            if policy != "prefix_affinity":
+                p.add(f"{place}.{key}", 'only a "prefix_affinity" pool has it')
+                ok = False
+                continue
+            value = _count(p, f"{place}.{key}", item[key], minimum=1)
+            ok = ok and value is not None
+            if key == "prefix_bytes":
+                prefix_bytes = value
+            else:
+                max_inflight = value
+    if not ok:
+        return None
+    return PoolSpec(name, policy, tuple(members), weights, prefix_bytes, max_inflight)
+
+
+def check_routing(
+    p: Problems,
+    pools: list[tuple[str, PoolSpec]],
+    rules: list[tuple[str, str, tuple[RuleSpec, ...]]],  # (place of the model, its name, its rules)
+    fallback: str | None,
+    names: dict[str, set[str]],  # declared: provider_models, models, aliases, roles, principals
+) -> None:
+    """References between routing entries and the rest; delegation cycles."""
+    provider_models = names.get("provider_models", set())
+    models = names.get("models", set())
+    pool_names: dict[str, str] = {}
+    for place, pool in pools:
+        if pool.name in pool_names:
+            p.add(f"{place}.name", f"duplicate pool name {pool.name!r} (first at {pool_names[pool.name]})")
+        elif pool.name in provider_models or pool.name in models or pool.name in names.get("aliases", set()):
+            p.add(f"{place}.name", f"{pool.name!r} is already a model name")
+        pool_names.setdefault(pool.name, place)
+        for i, member in enumerate(pool.members):
+            if member not in provider_models:
+                p.add(f"{place}.members[{i}]", f"unknown provider model {member!r}")
+    delegates: dict[str, list[str]] = {}
+    for model_place, model, model_rules in rules:
+        for i, rule in enumerate(model_rules):
+            place = f"{model_place}.rules[{i}]"
+            for j, target in enumerate(rule.route):
+                if target not in provider_models and target not in pool_names:
+                    p.add(f"{place}.route[{j}]", f"unknown provider model or pool {target!r}")
+            if rule.delegate is not None:
+                if rule.delegate not in models:
+                    p.add(f"{place}.delegate", f"unknown frontend model {rule.delegate!r}")
+                else:
+                    delegates.setdefault(model, []).append(rule.delegate)
+            for key, declared in (("roles", "roles"), ("principals", "principals")):
+                for value in rule.when.get(key, ()):
+                    if value not in names.get(declared, set()):
+                        p.add(f"{place}.when.{key}", f"unknown {declared[:-1]} {value!r}")
+    for model_place, model, _ in rules:
+        if _reaches(model, model, delegates, set()):
+            p.add(f"{model_place}.rules", f"delegations starting at {model!r} come back to it")
+    if fallback is not None and fallback not in models and fallback not in provider_models:
+        p.add("routing.fallback", f"unknown model {fallback!r}")
+
+
+def _reaches(start: str, node: str, edges: dict[str, list[str]], seen: set[str]) -> bool:
+    for nxt in edges.get(node, ()):
+        if nxt == start:
+            return True
+        if nxt not in seen:
+            seen.add(nxt)
+            if _reaches(start, nxt, edges, seen):
+                return True
+    return False
+
+
+def rule_when_doc(when: dict[str, Any]) -> dict[str, Any]:
+    """A rule's conditions as the snapshot carries them: hours as [from, to) minutes, days as numbers."""
+    out = {k: v for k, v in when.items() if k not in ("hours", "days")}
+    if "hours" in when:
+        m = _HOURS.fullmatch(when["hours"])
+        assert m is not None
+        h1, m1, h2, m2 = (int(g) for g in m.groups())
+        out["hours"] = [h1 * 60 + m1, min(h2 * 60 + m2, 1440)]
+    if "days" in when:
+        out["days"] = [DAYS.index(d) for d in when["days"]]
+    return out
+
+
+def toml_value(value: Any) -> str:
+    """A value as inline TOML (tables inline, keys quoted only when they must be)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
+
+
+def _toml_string(value: str) -> str:
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04X}", escaped)
+    return f'"{escaped}"'
+
+
+# --- the store's form: one (kind, name, JSON) row per entry -------------------------------------------------
+
+BACKEND_FLOW_FIELDS = ("max_concurrency", "waiting_high_water", "queue_size", "queue_timeout", "health_path")
+
+
+def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
+    """The routing entries of ``cfg`` as ``routing_entries`` rows."""
+    rows: list[tuple[str, str, str]] = []
+    for b in cfg.backends:
+        flow = {k: getattr(b, k) for k in BACKEND_FLOW_FIELDS if getattr(b, k) is not None}
+        if flow:
+            rows.append(("backend", b.name, orjson.dumps(flow).decode()))
+    for m in cfg.models:
+        if m.rules:
+            rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
+    for pool in cfg.pools:
+        rows.append(("pool", pool.name, orjson.dumps(pool.as_dict()).decode()))
+    if cfg.fallback is not None:
+        rows.append(("setting", "fallback", orjson.dumps(cfg.fallback).decode()))
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRows:
+    backends: dict[str, dict[str, Any]]  # backend -> its flow-control fields
+    rules: dict[str, tuple[RuleSpec, ...]]  # frontend model -> its rules
+    pools: tuple[PoolSpec, ...]
+    fallback: str | None
+    skipped: list[str]  # "kind name: why" of rows that no longer parse
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, place: str, message: str) -> None:
+        self.lines.append(f"{place}: {message}")
+
+    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None:
+        extra = set(table) - set(known)
+        if extra:
+            self.add(place, f"unknown fields {sorted(extra)}")
+
+
+def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
+    """Rows back to specs, each re-validated by the file parser; a row that fails is skipped and named."""
+    backends: dict[str, dict[str, Any]] = {}
+    rules: dict[str, tuple[RuleSpec, ...]] = {}
+    pools: list[PoolSpec] = []
+    fallback: str | None = None
+    skipped: list[str] = []
+    for kind, name, body in rows:
+        p = _Collect()
+        try:
+            value = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            skipped.append(f"{kind} {name}: {exc}")
+            continue
+        if kind == "backend" and isinstance(value, dict):
+            p.unknown_fields(name, value, BACKEND_FLOW_FIELDS)
+            if not p.lines:
+                backends[name] = value
+        elif kind == "rules":
+            parsed = parse_rules(p, name, value)
+            if parsed is not None and not p.lines:
+                rules[name] = parsed
+        elif kind == "pool" and isinstance(value, dict):
+            pool = parse_pool(p, name, value)
+            if pool is not None and not p.lines:
+                pools.append(pool)
+        elif kind == "setting" and name == "fallback" and isinstance(value, str):
+            fallback = value
+        else:
+            p.add(name, f"unknown routing entry kind {kind!r}")
+        if p.lines:
+            skipped.append(f"{kind} {name}: {'; '.join(p.lines)}")
+    return RoutingRows(backends, rules, tuple(pools), fallback, skipped)

@@ -1,0 +1,169 @@
+"""Target-selection policies: each orders a list of candidate targets, best first; the rest of the order is
+the fallback the forwarder walks if the first fails.
+
+- ``round_robin``: rotate by one per request.
+- ``weighted``: smooth weighted round robin (the first pick follows the weights exactly over any window of
+  sum-of-weights requests), the others after it in their configured order.
+- ``least_inflight``: fewest requests in flight on the host (shared across workers), rotation breaking ties.
+- ``prefix_affinity``: rendezvous hashing of the first ``prefix_bytes`` of the raw request body against
+  each backend's name: the same prefix picks the same backend in every worker and on every host, and a
+  backend that joins or leaves moves only the prefixes it wins or held. When the chosen backend is at its
+  ceiling (the pool's ``max_inflight`` or the gate's current ceiling) the least-loaded of the others goes
+  first instead.
+- ``engine_load``: fewest ``num_requests_waiting``, then fewest running, then least KV-cache use, from the
+  engines' own metrics; a backend without metrics is ranked by the host's in-flight count as its running.
+
+State (rotation counters, weights' credit) is per worker and per snapshot generation. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from blake3 import blake3
+
+from gateway.routing.load import Load
+
+if TYPE_CHECKING:
+    from gateway.snapshot import Target
+
+__all__ = ["POLICIES", "Policy", "backend_hash", "make_policy"]
+
+POLICIES = ("round_robin", "weighted", "least_inflight", "prefix_affinity", "engine_load")
+DEFAULT_PREFIX_BYTES = 512
+_MASK = (1 << 64) - 1
+
+
+def backend_hash(name: str) -> int:
+    return int.from_bytes(blake3(name.encode()).digest(8), "little")
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit mix for rendezvous scores."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK
+    return x ^ (x >> 31)
+
+
+class Policy:
+    """Orders ``targets`` (a tuple fixed at construction) for one request."""
+
+    __slots__ = ("cursor", "name", "targets")
+
+    def __init__(self, name: str, targets: tuple[Target, ...]) -> None:
+        self.name = name
+        self.targets = targets
+        self.cursor = 0
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        raise NotImplementedError
+
+    def _rotated(self) -> tuple[Target, ...]:
+        targets = self.targets
+        n = len(targets)
+        i = self.cursor % n
+        self.cursor = i + 1
+        return targets[i:] + targets[:i]
+
+
+class RoundRobin(Policy):
+    __slots__ = ()
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        return self._rotated()
+
+
+class Weighted(Policy):
+    __slots__ = ("credit", "total", "weights")
+
+    def __init__(self, name: str, targets: tuple[Target, ...], weights: Sequence[int]) -> None:
+        super().__init__(name, targets)
+        self.weights = tuple(weights)
+        self.total = sum(self.weights)
+        self.credit = [0] * len(targets)
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        credit, weights = self.credit, self.weights
+        best = 0
+        for i, w in enumerate(weights):
+            credit[i] += w
+            if credit[i] > credit[best]:
+                best = i
+        credit[best] -= self.total
+        targets = self.targets
+        return (targets[best], *targets[:best], *targets[best + 1 :])
+
+
+class LeastInFlight(Policy):
+    __slots__ = ()
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        return tuple(sorted(self._rotated(), key=lambda t: load.in_flight(t.backend.name)))
+
+
+class PrefixAffinity(Policy):
+    __slots__ = ("hashes", "max_inflight", "prefix_bytes")
+
+    def __init__(
+        self, name: str, targets: tuple[Target, ...], prefix_bytes: int, max_inflight: int | None
+    ) -> None:
+        super().__init__(name, targets)
+        self.prefix_bytes = prefix_bytes
+        self.max_inflight = max_inflight
+        self.hashes = tuple(backend_hash(t.backend.name) for t in targets)
+
+    def ranked(self, body: bytes) -> tuple[Target, ...]:
+        """Every target by its rendezvous score for this body's prefix, highest first."""
+        h = int.from_bytes(blake3(body[: self.prefix_bytes]).digest(8), "little")
+        scores = [_mix(h ^ bh) for bh in self.hashes]
+        order = sorted(range(len(scores)), key=scores.__getitem__, reverse=True)
+        return tuple(self.targets[i] for i in order)
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        ranked = self.ranked(body)
+        chosen = ranked[0].backend.name
+        ceiling = self.max_inflight
+        if ceiling is None:
+            state = load.engine(chosen)
+            ceiling = state.ceiling if state is not None else None
+        if ceiling is not None and load.in_flight(chosen) >= ceiling:
+            rest = sorted(ranked[1:], key=lambda t: load.in_flight(t.backend.name))
+            return (*rest, ranked[0])
+        return ranked
+
+
+class EngineLoad(Policy):
+    __slots__ = ()
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        def rank(target: Target) -> tuple[int, int, float]:
+            name = target.backend.name
+            state = load.engine(name)
+            if state is None or state.waiting is None:
+                return (0, load.in_flight(name), 0.0)
+            return (state.waiting, state.running or 0, state.kv_cache or 0.0)
+
+        return tuple(sorted(self._rotated(), key=rank))
+
+
+def make_policy(
+    name: str,
+    targets: tuple[Target, ...],
+    weights: Sequence[int] = (),
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES,
+    max_inflight: int | None = None,
+) -> Policy:
+    if not targets:
+        raise ValueError("a policy needs at least one target")
+    if name == "round_robin":
+        return RoundRobin(name, targets)
+    if name == "weighted":
+        return Weighted(name, targets, weights or [1] * len(targets))
+    if name == "least_inflight":
+        return LeastInFlight(name, targets)
+    if name == "prefix_affinity":
+        return PrefixAffinity(name, targets, prefix_bytes, max_inflight)
+    if name == "engine_load":
+        return EngineLoad(name, targets)
+    raise ValueError(f"unknown policy {name!r}")
