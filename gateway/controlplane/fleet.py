@@ -20,7 +20,8 @@ import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.shares import compute_shares
-from gateway.native import UsageRing
+from gateway.native import BucketTable, UsageRing
+from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, sum_backends
 
@@ -36,12 +37,15 @@ def host_report(
         state = orjson.loads((settings.run_dir / "supervisor.json").read_bytes())
     except (OSError, orjson.JSONDecodeError):
         state = {}
-    documents = WorkerStats(shared.stats).documents()
+    stats = WorkerStats(shared.stats)
+    documents = stats.documents()
     workers = [
         {k: v for k, v in doc.items() if k not in ("backends", "traffic")} | {"index": index}
         for index, doc in documents
     ]
     backends = sum_backends([doc for _, doc in documents])
+    with BucketTable(shared.buckets) as table:
+        _add_engines(stats, backends, table)
     ring = UsageRing(shared.usage)
     try:
         pending = sum(ring.pending(i) for i in range(ring.rings))
@@ -66,6 +70,33 @@ def host_report(
         "usage_pending": pending + sum(w.get("usage_backlog", 0) for w in workers),
         **(extra or {}),
     }
+
+
+def _add_engines(stats: WorkerStats, backends: dict[str, dict[str, Any]], table: BucketTable) -> None:
+    """Each backend's engine figures and gate from the scraper's document and the shared gauges:
+    ``"engine": {"kind", "waiting", "running", "kv_cache"}`` (None without engine metrics), ``"gate":
+    {"ceiling", "in_flight", "queued"}`` (None without a gate), ``"healthy"`` and ``"probe_error"``."""
+    raw = stats.read(stats.engine_slot)
+    lines = orjson.loads(raw).get("backends", {}) if raw else {}
+    for name, line in lines.items():
+        entry = backends.setdefault(
+            name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
+        )
+        entry["engine"] = (
+            {k: line.get(k) for k in ("kind", "waiting", "running", "kv_cache")} if line.get("kind") else None
+        )
+        in_flight_key, queue_key = backend_keys(name)
+        entry["gate"] = (
+            {
+                "ceiling": line["ceiling"],
+                "in_flight": table.gauge(in_flight_key),
+                "queued": table.gauge(queue_key),
+            }
+            if line.get("ceiling") is not None
+            else None
+        )
+        entry["healthy"] = line.get("healthy") is not False
+        entry["probe_error"] = line.get("error")
 
 
 def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int]]:

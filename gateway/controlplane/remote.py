@@ -34,6 +34,7 @@ import httpx
 import orjson
 
 from gateway.config import Settings
+from gateway.controlplane.engines import EngineScraper
 from gateway.controlplane.fleet import host_report, traffic_totals
 from gateway.dataplane.upstream import make_ssl_context
 from gateway.native import BucketTable, UsageRing
@@ -103,6 +104,9 @@ class RemoteControlWorker:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to re-read: the control plane has the config
         self.spool.mkdir(parents=True, exist_ok=True)
         self.restore_last_known_good()
+        scraper = None
+        if self.settings.engine_scrape_interval > 0:
+            scraper = EngineScraper(self.shared, self.settings.engine_scrape_interval).start()
         try:
             while not self._stop:
                 now = time.monotonic()
@@ -116,6 +120,8 @@ class RemoteControlWorker:
                 time.sleep(self.settings.usage_drain_interval)
             self.final_ship()
         finally:
+            if scraper is not None:
+                scraper.stop()
             self.client.close()
         return 0
 

@@ -31,12 +31,14 @@ from gateway.config import Settings, load_hash_key
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
+from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store
 from gateway.controlplane.usage_sink import UsageSink
 from gateway.errors import GatewayError
 from gateway.native import BucketTable, UsageRing
+from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import PublishRefused, SnapshotPublisher
 from gateway.usage_record import UsageRecord
@@ -96,6 +98,9 @@ class ControlWorker:
         if settings.access_log:
             self.sink.access_log = _write_stdout
         server = self._start_admin_server()
+        scraper = None
+        if settings.role == "all" and settings.engine_scrape_interval > 0:
+            scraper = EngineScraper(self.shared, settings.engine_scrape_interval).start()
 
         # Another process's write (a CLI, another control plane) wakes the loop at once where the database
         # can say so (PostgreSQL NOTIFY); the revision poll stays the authority either way.
@@ -121,6 +126,8 @@ class ControlWorker:
         finally:
             if unlisten is not None:
                 unlisten()
+            if scraper is not None:
+                scraper.stop()
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
@@ -172,6 +179,9 @@ class ControlWorker:
             host["snapshot_age_s"] = round(time.time() - float(self._doc.get("built_at", time.time())), 3)
         assert self.sink is not None
         return self.sink.metrics.render(host).encode()
+
+    def routing_load(self) -> StaticLoad:
+        return host_load(self.shared, list((self._doc or {}).get("backends", {})))
 
     def fleet_view(self) -> list[dict[str, Any]]:
         own = host_report(self.settings, self.shared, {"control_plane": "self"})

@@ -25,7 +25,7 @@ from gateway.dataplane.limits import Holdings
 from gateway.errors import ServiceUnavailable
 from gateway.native import BucketTable
 from gateway.routing.load import EngineState, engine_states
-from gateway.shm.bucket_keys import bucket_key
+from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.worker_stats import WorkerStats
 
 if TYPE_CHECKING:
@@ -93,10 +93,7 @@ class BackendLoad:
     def _key(self, backend: str) -> tuple[int, int]:
         keys = self._keys.get(backend)
         if keys is None:
-            keys = self._keys[backend] = (
-                bucket_key(f"b:{backend}", "inflight"),
-                bucket_key(f"b:{backend}", "queue"),
-            )
+            keys = self._keys[backend] = backend_keys(backend)
         return keys
 
     def ceiling(self, backend: Backend) -> int:

@@ -99,7 +99,15 @@ class LeastInFlight(Policy):
     __slots__ = ()
 
     def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
-        return tuple(sorted(self._rotated(), key=lambda t: load.in_flight(t.backend.name)))
+        ranked = sorted(self.targets, key=lambda t: load.in_flight(t.backend.name))
+        low = load.in_flight(ranked[0].backend.name)
+        ties = [t for t in ranked if load.in_flight(t.backend.name) == low]
+        if len(ties) > 1:  # spread equal loads in turn rather than always to the first configured
+            pick = ties[self.cursor % len(ties)]
+            self.cursor += 1
+            ranked.remove(pick)
+            ranked.insert(0, pick)
+        return tuple(ranked)
 
 
 class PrefixAffinity(Policy):

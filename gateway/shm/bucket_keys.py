@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["bucket_key"]
+__all__ = ["backend_keys", "bucket_key"]
 
 
 def bucket_key(scope: str, kind: str) -> int:
@@ -16,3 +16,9 @@ def bucket_key(scope: str, kind: str) -> int:
     h.update(encoded)
     h.update(kind.encode())
     return int.from_bytes(h.digest(), "little") or 1
+
+
+def backend_keys(backend: str) -> tuple[int, int]:
+    """The gauges of one backend: requests in flight on it from this host, and requests waiting for its
+    flow-control gate."""
+    return bucket_key(f"b:{backend}", "inflight"), bucket_key(f"b:{backend}", "queue")

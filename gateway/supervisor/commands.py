@@ -80,6 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds a backend that failed 3 times in a row is skipped (5; 0 turns passive health off)",
     )
     p.add_argument(
+        "--engine-scrape-interval",
+        type=float,
+        help="seconds between reads of each backend's /metrics and health probes (2; 0 turns them off)",
+    )
+    p.add_argument(
         "--drain-delay",
         type=float,
         help="on SIGTERM, seconds /readyz answers 503 while still accepting, so a load balancer can take "

@@ -1,0 +1,210 @@
+"""The host's engine scraper: every ``interval`` seconds it reads each backend's load and health and
+publishes them, with each gate's current ceiling, in the statistics segment's engine slot, where the proxy
+workers pick them up for routing (``gateway.dataplane.backend_load``).
+
+Per OpenAI-protocol backend and round: ``GET /metrics``; a text with vLLM or SGLang gauges gives the
+engine's running and waiting requests and cache use (``gateway.protocol.prometheus``). A backend that
+answers without engine metrics is asked again only every ``REDETECT`` seconds, and routing ranks it by the
+host's in-flight count instead. Active health: a backend is probed on its ``health_path`` (``/health`` by
+default for OpenAI-protocol backends) when the scrape gave nothing; a connect error, a timeout or a 5xx is
+a failure, ``FAILURES_TO_MARK_DOWN`` in a row mark it unhealthy, one success marks it healthy again.
+Hosted providers (Anthropic, Gemini protocols) are not scraped and are probed only if given a
+``health_path``.
+
+Gate ceilings (backends with ``max_concurrency``): the ceiling halves each round the engine's waiting queue
+sits at or above ``waiting_high_water``, and grows by one each round it is below, up to
+``max_concurrency`` — additive increase, multiplicative decrease, so the engine's own queue stays short
+and the surplus waits in the proxy, where it can be refused early.
+
+It runs in a thread of the host's control slot with its own event loop, so that a slow backend never
+delays snapshot publication or usage draining. I/O: HTTP to the backends, the shared segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.native import BucketTable
+from gateway.protocol.prometheus import engine_load
+from gateway.routing.load import StaticLoad, engine_states
+from gateway.shm.bucket_keys import backend_keys
+from gateway.shm.segment import SharedRegions
+from gateway.shm.snapshot_slot import SnapshotReader
+from gateway.shm.worker_stats import WorkerStats
+from gateway.snapshot import Backend, Snapshot
+
+__all__ = ["FAILURES_TO_MARK_DOWN", "REDETECT", "BackendWatch", "EngineScraper", "host_load"]
+
+log = logging.getLogger("gateway.engines")
+
+FAILURES_TO_MARK_DOWN = 2
+REDETECT = 30.0  # seconds between asking a backend without engine metrics whether it has them now
+PROBE_TIMEOUT = 1.5
+
+
+@dataclass(slots=True)
+class BackendWatch:
+    """What the scraper keeps about one backend between rounds."""
+
+    kind: str | None = None  # "vllm" | "sglang" once detected
+    detect_at: float = 0.0  # monotonic time of the next attempt to find engine metrics
+    waiting: int | None = None
+    running: int | None = None
+    kv_cache: float | None = None
+    ceiling: int | None = None
+    failures: int = 0
+    healthy: bool = True
+    error: str | None = None
+
+    def step_ceiling(self, backend: Backend) -> None:
+        top = backend.max_concurrency
+        if top is None:
+            self.ceiling = None
+            return
+        current = top if self.ceiling is None else min(self.ceiling, top)
+        if self.waiting is not None and self.waiting >= backend.waiting_high_water:
+            current = max(1, current // 2)
+        elif current < top:
+            current += 1
+        self.ceiling = current
+
+    def record(self, ok: bool, why: str | None = None) -> None:
+        if ok:
+            self.failures = 0
+            self.healthy = True
+            self.error = None
+            return
+        self.failures += 1
+        self.error = why
+        if self.failures >= FAILURES_TO_MARK_DOWN:
+            if self.healthy:
+                log.warning("backend marked unhealthy after %d failed probes: %s", self.failures, why)
+            self.healthy = False
+
+    def as_doc(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "waiting": self.waiting,
+            "running": self.running,
+            "kv_cache": self.kv_cache,
+            "ceiling": self.ceiling,
+            "healthy": self.healthy,
+            "error": self.error,
+        }
+
+
+class EngineScraper:
+    def __init__(self, shared: SharedRegions, interval: float = 2.0) -> None:
+        self.interval = interval
+        self.reader = SnapshotReader(shared.snapshot)
+        self.stats = WorkerStats(shared.stats)
+        self.watches: dict[str, BackendWatch] = {}
+        self._snapshot = Snapshot.empty()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> EngineScraper:
+        self._thread = threading.Thread(target=self._main, name="engine-scraper", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _main(self) -> None:
+        asyncio.run(self._loop())
+
+    async def _loop(self) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT), trust_env=False) as client:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                try:
+                    await self.round(client)
+                except Exception:  # a bug here must not stop routing's view from refreshing next round
+                    log.exception("engine scrape round failed")
+                await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
+
+    def backends(self) -> dict[str, Backend]:
+        if self.reader.generation() != self._snapshot.generation:
+            got = self.reader.read()
+            if got is not None:
+                try:
+                    self._snapshot = Snapshot.decode(got[1], got[0])
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.error("engine scraper: undecodable snapshot: %s", exc)
+        return self._snapshot.backends
+
+    async def round(self, client: httpx.AsyncClient) -> None:
+        backends = self.backends()
+        for gone in set(self.watches) - set(backends):
+            del self.watches[gone]
+        await asyncio.gather(*(self.watch(client, b) for b in backends.values()))
+        doc = {"at": time.time(), "backends": {n: w.as_doc() for n, w in self.watches.items()}}
+        if not self.stats.write(self.stats.engine_slot, orjson.dumps(doc)):
+            log.error("engine document of %d backends does not fit its slot", len(self.watches))
+
+    async def watch(self, client: httpx.AsyncClient, backend: Backend) -> None:
+        w = self.watches.get(backend.name)
+        if w is None:
+            w = self.watches[backend.name] = BackendWatch()
+        scraped = False
+        now = time.monotonic()
+        if backend.protocol == "openai" and (w.kind is not None or now >= w.detect_at):
+            scraped = await self._scrape(client, backend, w, now)
+        if not scraped:
+            w.waiting = w.running = None
+            w.kv_cache = None
+            if backend.health_path:
+                await self._probe(client, backend, w)
+        w.step_ceiling(backend)
+
+    async def _get(self, client: httpx.AsyncClient, backend: Backend, path: str) -> httpx.Response | str:
+        headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        try:
+            resp = await client.get(backend.url + path, headers=headers)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__} on GET {path}"
+        if resp.status_code >= 500:
+            return f"HTTP {resp.status_code} on GET {path}"
+        return resp
+
+    async def _scrape(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch, now: float) -> bool:
+        resp = await self._get(client, backend, "/metrics")
+        if isinstance(resp, str):
+            w.record(False, resp)
+            w.waiting = w.running = None
+            w.kv_cache = None
+            return True  # the failure is this round's probe answer
+        load = engine_load(resp.text) if resp.status_code == 200 else None
+        if load is None:
+            w.kind = None
+            w.detect_at = now + REDETECT
+            return False
+        w.kind, w.waiting, w.running, w.kv_cache = load.kind, load.waiting, load.running, load.kv_cache
+        w.record(True)
+        return True
+
+    async def _probe(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch) -> None:
+        assert backend.health_path is not None
+        resp = await self._get(client, backend, backend.health_path)
+        w.record(not isinstance(resp, str), resp if isinstance(resp, str) else None)
+
+
+def host_load(shared: SharedRegions, backends: list[str]) -> StaticLoad:
+    """This host's load as the proxy workers see it now, frozen: for the routing dry run."""
+    stats = WorkerStats(shared.stats)
+    raw = stats.read(stats.engine_slot)
+    engines = engine_states(orjson.loads(raw)) if raw else {}
+    with BucketTable(shared.buckets) as table:
+        flights = {name: table.gauge(backend_keys(name)[0]) for name in backends}
+    return StaticLoad(flights, engines)

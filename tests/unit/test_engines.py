@@ -1,0 +1,103 @@
+"""Engine metrics parsing, gate ceilings and probe health (the scraper's logic, without sockets)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.controlplane.engines import FAILURES_TO_MARK_DOWN, BackendWatch
+from gateway.protocol.prometheus import engine_load
+from gateway.routing.load import engine_states
+from gateway.snapshot import Backend
+
+VLLM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 3.0
+vllm:num_requests_running{engine="1",model_name="llama"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 7.0
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 0.5
+vllm:prompt_tokens_total{model_name="llama"} 123456.0
+"""
+VLLM_OLD = 'vllm:num_requests_waiting{model_name="m"} 1\nvllm:gpu_cache_usage_perc{model_name="m"} 0.9\n'
+SGLANG = """\
+sglang:num_running_reqs{model_name="qwen"} 12.0
+sglang:num_queue_reqs{model_name="qwen"} 4.0
+sglang:token_usage{model_name="qwen"} 0.71
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (VLLM, ("vllm", 5, 7, 0.5)),
+        (VLLM_OLD, ("vllm", 0, 1, 0.9)),
+        (SGLANG, ("sglang", 12, 4, 0.71)),
+        ("vllm:num_requests_waiting 2 1700000000000\r\n", ("vllm", 0, 2, None)),
+        ('vllm:num_requests_running{a="}"} 4\n', ("vllm", 4, 0, None)),
+    ],
+)
+def test_engine_metrics(text: str, expected: tuple[str, int, int, float | None]) -> None:
+    load = engine_load(text)
+    assert load is not None
+    assert (load.kind, load.running, load.waiting, load.kv_cache) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "# only comments\n",
+        "process_cpu_seconds_total 12\n",
+        "vllm:num_requests_waiting NaN\n",
+        "\x00\xff{{",
+    ],
+)
+def test_not_an_engine(text: str) -> None:
+    assert engine_load(text) is None
+
+
+def backend(max_concurrency: int | None = 16, high_water: int = 4) -> Backend:
+    return Backend("b", "http://b", None, "openai", 1, 1, 1, max_concurrency, high_water)
+
+
+def test_ceiling_halves_while_the_queue_is_high_and_grows_back_by_one() -> None:
+    b, w = backend(), BackendWatch()
+    seen = []
+    for waiting in [0, 5, 9, 4, 3, 0, 0, 0]:
+        w.waiting = waiting
+        w.step_ceiling(b)
+        seen.append(w.ceiling)
+    assert seen == [16, 8, 4, 2, 3, 4, 5, 6]
+    for _ in range(20):
+        w.step_ceiling(b)
+    assert w.ceiling == 16
+    w.waiting = 100
+    for _ in range(10):
+        w.step_ceiling(b)
+    assert w.ceiling == 1  # never below one
+
+
+def test_no_gate_without_max_concurrency() -> None:
+    w = BackendWatch(waiting=50)
+    w.step_ceiling(backend(None))
+    assert w.ceiling is None
+
+
+def test_probe_health_needs_consecutive_failures_and_one_success() -> None:
+    w = BackendWatch()
+    for _ in range(FAILURES_TO_MARK_DOWN - 1):
+        w.record(False, "ConnectError")
+    assert w.healthy
+    w.record(False, "ConnectError")
+    assert not w.healthy and w.error == "ConnectError"
+    w.record(True)
+    assert w.healthy and w.error is None
+
+
+def test_engine_document_round_trip() -> None:
+    w = BackendWatch(kind="vllm", waiting=3, running=2, kv_cache=0.5, ceiling=8, healthy=False)
+    states = engine_states({"backends": {"b": w.as_doc(), "junk": "x", "odd": {"waiting": "many"}}})
+    assert states["b"].waiting == 3 and states["b"].ceiling == 8 and not states["b"].healthy
+    assert "junk" not in states and states["odd"].waiting is None and states["odd"].healthy
