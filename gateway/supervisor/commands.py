@@ -155,6 +155,8 @@ def _configure_logging(level: str, fmt: str = "text") -> None:
             logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
         )
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+    # One line per request the control slot makes (engine scrapes every 2 s, snapshot polls) is noise.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _check_role(settings: Settings) -> Settings | str:

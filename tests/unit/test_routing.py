@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from gateway.config import Settings
 from gateway.controlplane.configfile import parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
-from gateway.config import Settings
 from gateway.controlplane.store import Store, open_store
 from gateway.errors import ConfigError
 from gateway.routing.load import EngineState, StaticLoad
