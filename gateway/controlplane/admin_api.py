@@ -2,11 +2,11 @@
 
 Authentication is an API key of a principal whose roles grant admin permissions, either on every request
 (the automation path: ``Authorization: Bearer <key>``) or once, to open a session (``POST /admin/login``
-with ``{"key": ...}`` sets an HttpOnly, SameSite=Strict cookie valid for 8 hours; ``POST /admin/logout``
-ends it). Keys are checked against the snapshot the control worker last built, so the key path costs no
-query and keeps working while the store is down; sessions live in the store (only a keyed hash of their
-token), so every control plane of a cluster honours them, and a session ends with its key. Each route
-needs one permission:
+with ``{"key": ...}`` sets an HttpOnly, SameSite=Strict cookie valid for 8 hours, ``Secure`` when the port
+serves TLS; ``POST /admin/logout`` ends it). Keys are checked against the snapshot the control worker
+last built, so the key path costs no query and keeps working while the store is down; sessions live in
+the store (only a keyed hash of their token), so every control plane of a cluster honours them, and a
+session ends with its key. Each route needs one permission:
 
 =====================  ======================================  ===============
 route                  what                                    permission
@@ -21,21 +21,30 @@ DELETE /admin/keys/ID  revoke a key by id or name              ``key:revoke``
 GET /admin/config      the configuration as TOML               ``config:read``
 PUT /admin/config      apply a TOML configuration              ``config:write``
 GET /admin/usage       usage per principal/model/key/backend,  ``usage:read``
-                       and per minute/hour/day (``?bucket=``)
+                       and per minute/hour/day (``?bucket=``),
+                       as JSON or CSV (``?format=csv``)
 GET /admin/budgets     spend against each budget               ``usage:read``
 GET /admin/audit       the audit log, newest first             ``config:read``
 GET /admin/fleet       hosts, workers, backends (reports)      ``config:read``
 GET /admin/openapi.json  this API as OpenAPI 3.1               (none)
 =====================  ======================================  ===============
 
-``config:write`` implies ``config:read``. Writes go to the store in one transaction together with their
-audit entry (who, what, when, before and after); when the store is down they fail closed with 503.
+``config:write`` implies ``config:read``. A write that comes with the session cookie must also send the
+session's CSRF token (``csrf_token`` in the login and whoami answers) in ``x-csrf-token``: SameSite keeps
+other sites' requests from carrying the cookie, but not a sibling host's of the same site. Bearer callers
+carry no ambient credential and are exempt, and so is logout, which can only end the session.
+
+Writes go to the store in one transaction together with their audit entry (who, what, when, before and
+after); when the store is down they fail closed with 503.
 Principal and key listings fall back to the last snapshot when the store is down (``x-gateway-source:
 snapshot``). Errors use the OpenAI envelope. I/O: the store.
 """
 
 from __future__ import annotations
 
+import csv
+import hmac
+import io
 import secrets
 import time
 import tomllib
@@ -53,11 +62,13 @@ from gateway.controlplane.configfile import (
     parse_config,
     parse_timestamp,
 )
+from gateway.controlplane.dry_run import SnapshotCache, dry_run
 from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import AuditEntry, Store, StoreError
 from gateway.controlplane.usage_commands import since_arg
 from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from gateway.keys import hash_secret
+from gateway.routing.load import Load
 
 __all__ = ["ROUTES", "AdminApi", "AdminContext", "openapi_document"]
 
@@ -78,6 +89,8 @@ class AdminContext(Protocol):
     def current_doc(self) -> dict[str, Any] | None: ...
 
     def fleet_view(self) -> list[dict[str, Any]]: ...
+
+    def routing_load(self) -> Load: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +137,13 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/budgets", "usage:read", "budgets", "Spend against every budget, current period"),
     Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
     Route("GET", "/admin/fleet", "config:read", "fleet", "Hosts, workers and backends, from recent reports"),
+    Route(
+        "POST",
+        "/admin/routing/dry-run",
+        "config:read",
+        "routing_dry_run",
+        "Where a request would go (rule, targets) on the current snapshot, sending nothing",
+    ),
     Route("GET", "/admin/openapi.json", "", "openapi", "This API as an OpenAPI document"),
     *(
         route
@@ -131,6 +151,7 @@ ROUTES: tuple[Route, ...] = (
             ("backends", "backend"),
             ("provider_models", "provider model"),
             ("models", "frontend model"),
+            ("pools", "model pool"),
             ("roles", "role"),
             ("principals", "principal"),
         )
@@ -175,8 +196,12 @@ def _match(route: Route, method: str, path: str) -> dict[str, str] | None:
 class AdminApi:
     def __init__(self, ctx: AdminContext) -> None:
         self.ctx = ctx
+        self._snapshots = SnapshotCache()
 
-    def handle(self, method: str, path: str, query: str, headers: Any, body: bytes) -> Reply:
+    def handle(
+        self, method: str, path: str, query: str, headers: Any, body: bytes, *, secure: bool = False
+    ) -> Reply:
+        """Answer one request; ``secure``: it came over TLS, so the session cookie gets ``Secure``."""
         allowed: list[str] = []
         for route in ROUTES:
             params = _match(route, method, path)
@@ -187,10 +212,20 @@ class AdminApi:
             caller = None if route.permission == "" else self.authenticate(headers)
             if caller is not None and route.permission and not caller.holds(route.permission):
                 raise Forbidden(f"{route.method} {route.path} needs the permission {route.permission}")
+            if (
+                caller is not None
+                and caller.session is not None
+                and method != "GET"
+                and route.handler != "logout"
+            ):
+                self.check_csrf(caller.session, headers.get("x-csrf-token"))
             if route.kind:
                 params["kind"] = route.kind
             handler: Callable[..., Reply] = getattr(self, route.handler)
-            return handler(caller, params, parse_qs(query), body)
+            status, out, data = handler(caller, params, parse_qs(query), body)
+            if secure:
+                out = [(k, f"{v}; Secure" if k == "set-cookie" else v) for k, v in out]
+            return status, out, data
         if allowed:
             raise NotFound(f"{method} is not supported on {path} (use {', '.join(sorted(allowed))})")
         raise NotFound(f"no admin route {path}")
@@ -230,6 +265,15 @@ class AdminApi:
     def _token_hash(self, token: str) -> str:
         return hash_secret("session:" + token, self.ctx.hash_key).hex()
 
+    def csrf_token(self, session: str) -> str:
+        """The session's CSRF token: derived from the session (its token's hash), so nothing more is stored
+        and every control plane of the cluster computes the same one."""
+        return hash_secret("csrf:" + session, self.ctx.hash_key).hex()
+
+    def check_csrf(self, session: str, sent: str | None) -> None:
+        if not sent or not hmac.compare_digest(sent.encode(), self.csrf_token(session).encode()):
+            raise Forbidden("a write with the session cookie needs the session's x-csrf-token header")
+
     def _caller(self, doc: dict[str, Any], entry: dict[str, Any]) -> Caller:
         if entry.get("expires_at") is not None and entry["expires_at"] <= time.time():
             raise Unauthorized("This API key has expired")
@@ -258,6 +302,7 @@ class AdminApi:
             "principal": caller.principal,
             "permissions": sorted(caller.permissions),
             "expires_at": expires,
+            "csrf_token": self.csrf_token(self._token_hash(token)),
         }
         return 200, [*_JSON, ("set-cookie", cookie)], orjson.dumps(body_out)
 
@@ -269,9 +314,10 @@ class AdminApi:
         return 200, [*_JSON, ("set-cookie", cookie)], orjson.dumps({"logged_out": session is not None})
 
     def whoami(self, caller: Caller, *_: Any) -> Reply:
-        return _ok(
-            {"principal": caller.principal, "key": caller.key_id, "permissions": sorted(caller.permissions)}
-        )
+        me = {"principal": caller.principal, "key": caller.key_id, "permissions": sorted(caller.permissions)}
+        if caller.session is not None:
+            me["csrf_token"] = self.csrf_token(caller.session)
+        return _ok(me)
 
     def principals(self, *_: Any) -> Reply:
         try:
@@ -392,11 +438,18 @@ class AdminApi:
         bucket = _BUCKETS.get(bucket_name) if bucket_name else None
         if bucket_name and bucket is None:
             raise BadRequest("bucket must be minute, hour or day", param="bucket")
+        form = _one(query, "format") or "json"
+        if form not in ("json", "csv"):
+            raise BadRequest("format must be json or csv", param="format")
         try:
             rows = self.ctx.store.usage.summary(start, end, by, bucket)
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
         groups = usage_groups(rows)
+        if form == "csv":
+            disposition = f'attachment; filename="usage-by-{by}.csv"'
+            headers = [("content-type", "text/csv; charset=utf-8"), ("content-disposition", disposition)]
+            return 200, headers, _usage_csv(by, groups).encode()
         return _ok({"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups})
 
     def budgets(self, *_: Any) -> Reply:
@@ -480,6 +533,16 @@ class AdminApi:
     def fleet(self, *_: Any) -> Reply:
         return _ok({"hosts": self.ctx.fleet_view()})
 
+    def routing_dry_run(self, _caller: Caller, _params: Any, _query: Any, body: bytes) -> Reply:
+        doc = self.ctx.current_doc()
+        if doc is None:
+            raise ServiceUnavailable("no snapshot was built yet")
+        try:
+            request = orjson.loads(body or b"{}")
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        return _ok(dry_run(self._snapshots.get(doc), request, self.ctx.routing_load()))
+
     def openapi(self, *_: Any) -> Reply:
         return _ok(openapi_document())
 
@@ -507,6 +570,23 @@ def _cookie(header: str | None, name: str) -> str | None:
         if key == name and value:
             return value
     return None
+
+
+_CSV_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens", "cost")
+
+
+def _usage_csv(by: str, groups: list[dict[str, Any]]) -> str:
+    """One row per group (and bucket), the bucket as a UTC ISO 8601 time. A name that a spreadsheet would
+    read as a formula (``=``, ``+``, ``-``, ``@``) gets a leading ``'``: names come from callers' configs."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["bucket_start", by, *_CSV_FIELDS])
+    for g in groups:
+        start = g.get("bucket_start")
+        when = "" if start is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start))
+        name = "'" + g["group"] if g["group"][:1] in ("=", "+", "-", "@") else g["group"]
+        writer.writerow([when, name, *(g[f] for f in _CSV_FIELDS)])
+    return out.getvalue()
 
 
 def _ok(body: Any) -> Reply:

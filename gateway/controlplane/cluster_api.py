@@ -10,7 +10,8 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
-And, without authentication, ``GET /metrics``: Prometheus text (``metrics``).
+And, without authentication, ``GET /metrics``: Prometheus text (``metrics``), and the admin web UI's static
+files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin API.
 
 Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
 same on every host), compared in constant time. Without a token configured the routes answer 503: a
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.controlplane import ui
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
@@ -37,6 +39,8 @@ __all__ = ["ClusterApp", "SnapshotSource"]
 log = logging.getLogger("gateway.controlplane")
 
 _JSON = [("content-type", "application/json")]
+# Admin answers hold keys' secrets and the configuration: never cached, never sniffed into something else.
+_ADMIN_HEADERS = [("x-content-type-options", "nosniff"), ("cache-control", "no-store")]
 MAX_USAGE_BODY = 64 * 1024 * 1024
 MAX_ADMIN_BODY = 8 * 1024 * 1024
 
@@ -69,6 +73,8 @@ class ClusterApp:
             status, headers, body = await self.handle(scope, proto)
         except GatewayError as exc:
             status, headers, body = exc.status, _JSON + list(exc.headers.items()), exc.openai_body()
+        if scope.path.startswith("/admin/"):
+            headers = [*headers, *_ADMIN_HEADERS]
         proto.response_bytes(status, headers, body)
 
     async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
@@ -79,13 +85,19 @@ class ClusterApp:
                 [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
                 self.source.metrics_text(),
             )
-        if path.startswith("/admin/") and self.admin is not None:
-            body = b""
-            if method in ("POST", "PUT", "PATCH"):
-                body = await proto()
-                if len(body) > MAX_ADMIN_BODY:
-                    raise BadRequest(f"request body over {MAX_ADMIN_BODY} bytes")
-            return self.admin.handle(method, path, scope.query_string, scope.headers, body)
+        if self.admin is not None:
+            if path.startswith("/admin/"):
+                body = b""
+                if method in ("POST", "PUT", "PATCH"):
+                    body = await proto()
+                    if len(body) > MAX_ADMIN_BODY:
+                        raise BadRequest(f"request body over {MAX_ADMIN_BODY} bytes")
+                secure = scope.scheme == "https"
+                return self.admin.handle(method, path, scope.query_string, scope.headers, body, secure=secure)
+            if path in ("/", "/ui") and method in ("GET", "HEAD"):
+                return 308, [("location", "/ui/")], b""
+            if path.startswith("/ui/"):
+                return ui.serve(method, path, scope.headers.get("if-none-match"))
         if not path.startswith("/cluster/"):
             raise NotFound(f"no route for {path}")
         self.authorise(scope.headers.get("authorization"))
