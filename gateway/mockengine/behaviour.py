@@ -20,7 +20,7 @@ class Behaviour:
     """Every field is settable through ``POST /mock/config``; ``POST /mock/reset`` restores the CLI's."""
 
     fail_status: int | None = None
-    """Answer API requests (``/v1/...``) with this status instead of serving them."""
+    """Answer API requests (``/v1/...``, ``/v1beta/...``) with this status instead of serving them."""
     fail_body: str | None = None
     """Exact body of injected failures; ``None`` means an OpenAI-shaped error naming the status."""
     fail_count: int | None = None
@@ -29,6 +29,8 @@ class Behaviour:
     """Seconds to wait before sending the response headers."""
     tokens: int = 16
     """Completion tokens per answer, before the request's ``max_tokens`` caps it."""
+    cache_read_tokens: int = 0
+    """Prompt tokens reported as read from cache by the Anthropic and Gemini answers (at most the prompt)."""
     token_delay: float = 0.0
     """Seconds between streamed chunks."""
     drop_after_chunks: int | None = None
@@ -132,6 +134,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "fail_count": _optional(_count),
     "delay": _seconds,
     "tokens": _count,
+    "cache_read_tokens": _count,
     "token_delay": _seconds,
     "drop_after_chunks": _optional(_count),
     "raw_response": _optional(_str),

@@ -1,5 +1,8 @@
 """``gateway mock-engine``: run the mock vLLM engine in the foreground until SIGTERM or SIGINT.
 
+Besides vLLM's OpenAI-compatible API it answers Anthropic's ``POST /v1/messages`` and Gemini's
+``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent?alt=sse``.
+
 ``register`` adds the subcommand to the main CLI; ``main`` parses the same flags on their own, so tests can
 start the mock without the rest of the CLI. I/O: binds the listener and prints one
 ``mock-engine listening on http://HOST:PORT`` line to stdout once it is bound.
@@ -32,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--tokens", type=int, default=16, help="completion tokens per answer (default 16)")
     p.add_argument(
+        "--cache-read-tokens",
+        type=int,
+        default=0,
+        help="prompt tokens the Anthropic and Gemini answers report as cache reads (default 0)",
+    )
+    p.add_argument(
         "--token-delay", type=float, default=0.0, help="seconds between streamed tokens (default 0)"
     )
     p.add_argument("--delay", type=float, default=0.0, help="seconds before answering (default 0)")
@@ -60,6 +69,7 @@ def defaults_from_args(args: argparse.Namespace) -> Behaviour:
     return Behaviour().merged(
         {
             "tokens": args.tokens,
+            "cache_read_tokens": args.cache_read_tokens,
             "token_delay": args.token_delay,
             "delay": args.delay,
             "fail_status": args.fail_status,

@@ -1,8 +1,11 @@
 """The mock engine's RSGI application and the coroutine that serves it with granian's embedded server.
 
-``MockEngine`` answers vLLM's OpenAI-compatible endpoints from ``responses`` and obeys a ``Behaviour``
-that tests change over HTTP under ``/mock/``. All state (behaviour, recordings, counters) lives on the
-instance, one per process; everything runs on one event loop, so nothing needs a lock.
+``MockEngine`` answers vLLM's OpenAI-compatible endpoints from ``responses``, Anthropic's
+``/v1/messages`` from ``anthropic`` and Gemini's ``/v1beta/models/{model}:generateContent`` from ``gemini``
+(each on its own paths, so one mock process can stand for a backend of any protocol; errors come in the
+envelope of the path's protocol), and obeys a ``Behaviour`` that tests change over HTTP under ``/mock/``.
+All state (behaviour, recordings, counters) lives on the instance, one per process; everything runs on one
+event loop, so nothing needs a lock.
 
 I/O: reads request bodies and writes responses through the RSGI protocol object, sleeps for configured
 delays, and ``serve`` binds a TCP listener.
@@ -36,6 +39,7 @@ from granian.log import LogLevels
 from granian.rsgi import Scope
 from granian.server.embed import Server
 
+from gateway.mockengine import anthropic, gemini
 from gateway.mockengine import responses as r
 from gateway.mockengine.behaviour import Behaviour
 
@@ -54,7 +58,10 @@ _API_ROUTES = {
     "/v1/audio/transcriptions": ("POST", "transcription"),
     "/v1/audio/translations": ("POST", "translation"),
     "/v1/models": ("GET", "models"),
+    "/v1/messages": ("POST", "messages"),
+    "/v1/messages/count_tokens": ("POST", "count_tokens"),
 }
+_DIALECT = {"messages": "anthropic", "count_tokens": "anthropic", "gemini": "gemini"}
 Recording = tuple[str, str, str, list[tuple[str, str]], bytes]
 
 
@@ -130,7 +137,7 @@ class MockEngine:
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
         try:
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", gemini.PREFIX)):
                 await self._api(scope, proto, path, body, b)
             elif path == "/health":
                 proto.response_bytes(b.health_status, r.JSON_HEADERS, _OK)
@@ -143,25 +150,30 @@ class MockEngine:
             stats.in_flight -= 1
 
     async def _api(self, scope: Scope, proto: HTTPProtocol, path: str, body: bytes, b: Behaviour) -> None:
-        route = _API_ROUTES.get(path)
+        gemini_route = gemini.route(path)
+        route = ("POST", "gemini") if gemini_route is not None else _API_ROUTES.get(path)
+        if path.startswith(gemini.PREFIX):
+            dialect = "gemini"
+        else:
+            dialect = _DIALECT.get(route[1], "openai") if route is not None else "openai"
         if route is None:
-            _error(proto, r.MockRequestError(404, f"no route for {path}", "NotFoundError"))
+            _error(proto, r.MockRequestError(404, f"no route for {path}", "NotFoundError"), dialect)
             return
         if scope.method != route[0]:
-            _error(proto, r.MockRequestError(405, f"{path} takes {route[0]}", "MethodNotAllowed"))
+            _error(proto, r.MockRequestError(405, f"{path} takes {route[0]}", "MethodNotAllowed"), dialect)
             return
         try:
             fail, delay, tokens = self._overrides(scope, b)
-            plan = None if fail is not None else self._plan(route[1], scope, body, b, tokens)
+            plan = None if fail is not None else self._plan(route[1], scope, body, b, tokens, gemini_route)
         except r.MockRequestError as exc:
-            _error(proto, exc)
+            _error(proto, exc, dialect)
             return
         if plan is None:
             assert fail is not None
             self.stats.failed += 1
             if delay:
                 await self._pause(delay)
-            fail_body = b.fail_body.encode() if b.fail_body is not None else _failure_body(fail)
+            fail_body = b.fail_body.encode() if b.fail_body is not None else _failure_body(fail, dialect)
             proto.response_bytes(fail, r.JSON_HEADERS, fail_body)
             return
         model = plan.model
@@ -203,7 +215,15 @@ class MockEngine:
         tokens = b.tokens if header_tokens is None else _header_number(header_tokens, int, "x-mock-tokens")
         return fail, max(delay, 0.0), max(tokens, 0)
 
-    def _plan(self, kind: str, scope: Scope, body: bytes, b: Behaviour, tokens: int) -> Plan:
+    def _plan(
+        self,
+        kind: str,
+        scope: Scope,
+        body: bytes,
+        b: Behaviour,
+        tokens: int,
+        gemini_route: tuple[str, str] | None = None,
+    ) -> Plan:
         """Decide the whole answer before anything is sent, so bad requests fail before headers."""
         if kind == "models":
             return Plan(r.Reply(200, r.JSON_HEADERS, r.models_list(self.models, int(time.time()))), None, 0.0)
@@ -222,16 +242,28 @@ class MockEngine:
             req = {}
         if not isinstance(req, dict):
             raise r.MockRequestError(400, "the body must be a JSON object")
-        requested = req.get("model")
+        requested = gemini_route[0] if gemini_route is not None else req.get("model")
         model = requested if isinstance(requested, str) else self.models[0]
         streamed = req.get("stream") is True
+        if gemini_route is not None:
+            streamed = gemini_route[1] == "streamGenerateContent"
+            if streamed and parse_qs(scope.query_string).get("alt") != ["sse"]:
+                raise r.MockRequestError(400, "the mock streams Gemini answers with alt=sse only")
         if streamed and b.raw_stream is not None:
             return Plan(r.StreamReply([c.encode() for c in b.raw_stream]), model, b.raw_chunk_delay)
         if not streamed and b.raw_response is not None:
             return Plan(_raw(b), model, 0.0)
         created = int(time.time())
         seq = next(self._ids)
-        if kind == "chat":
+        if kind == "count_tokens":
+            return Plan(anthropic.count_tokens(body), None, 0.0)
+        if kind == "messages":
+            rid = f"msg_{self._id_prefix}{seq:08x}"
+            reply = anthropic.messages(body, model, tokens, rid, b.cache_read_tokens)
+        elif kind == "gemini":
+            rid = f"{self._id_prefix}{seq:08x}"
+            reply = gemini.generate(req, model, tokens, rid, b.cache_read_tokens, stream=streamed)
+        elif kind == "chat":
             reply = r.chat_completion(req, model, tokens, f"chatcmpl-{self._id_prefix}{seq:08x}", created)
         elif kind == "completion":
             reply = r.completion(req, model, tokens, f"cmpl-{self._id_prefix}{seq:08x}", created)
@@ -322,8 +354,13 @@ def _header_number(value: str, kind: type[int] | type[float], name: str) -> Any:
         raise r.MockRequestError(400, f"{name} must be a number, got {value!r}") from None
 
 
-def _failure_body(status: int) -> bytes:
-    return r.error_body(status, f"mock engine: injected failure with status {status}", "MockFailure")
+def _failure_body(status: int, dialect: str) -> bytes:
+    message = f"mock engine: injected failure with status {status}"
+    if dialect == "anthropic":
+        return anthropic.error_body(status, message)
+    if dialect == "gemini":
+        return gemini.error_body(status, message)
+    return r.error_body(status, message, "MockFailure")
 
 
 def _recording_json(rec: Recording) -> dict[str, Any]:
@@ -341,8 +378,14 @@ def _json(proto: HTTPProtocol, value: Any) -> None:
     proto.response_bytes(200, r.JSON_HEADERS, orjson.dumps(value))
 
 
-def _error(proto: HTTPProtocol, exc: r.MockRequestError) -> None:
-    proto.response_bytes(exc.status, r.JSON_HEADERS, exc.body())
+def _error(proto: HTTPProtocol, exc: r.MockRequestError, dialect: str = "openai") -> None:
+    if dialect == "anthropic":
+        body = anthropic.error_body(exc.status, exc.message)
+    elif dialect == "gemini":
+        body = gemini.error_body(exc.status, exc.message)
+    else:
+        body = exc.body()
+    proto.response_bytes(exc.status, r.JSON_HEADERS, body)
 
 
 async def serve(

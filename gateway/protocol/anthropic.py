@@ -1,0 +1,392 @@
+"""The Anthropic Messages API: the request model, a token estimate, and the error envelope. Sans-I/O.
+
+``parse_messages_request`` checks the shape of a ``POST /v1/messages`` body and returns a
+``MessagesRequest``; every problem raises ``BadRequest`` whose ``param`` is the path of the bad field, in
+Anthropic's dotted style (``messages.2.content.0.type``), so an Anthropic client gets an
+``invalid_request_error`` that names it.
+
+What is checked: the fields the gateway or a translator reads. Content blocks of the types translators
+know (text, image, tool_use, tool_result, thinking, redacted_thinking, document, search_result) are
+checked field by field; blocks of other types need only a string ``type`` and are kept as they are, so a
+verbatim passthrough to an Anthropic backend does not lag behind the API, while a translator refuses
+them by name. Unknown top-level fields are ignored for the same reason. ``metadata.user_id`` is the
+field's real name (the brief's "metadata.user").
+
+``BadUpstreamResponse`` is here because every translator needs it; it belongs in ``gateway.errors``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+
+from gateway.errors import BadRequest, GatewayError
+
+__all__ = [
+    "IMAGE_TOKENS",
+    "BadUpstreamResponse",
+    "Message",
+    "MessagesRequest",
+    "anthropic_error_body",
+    "anthropic_error_type",
+    "count_tokens_estimate",
+    "estimate_input_tokens",
+    "parse_messages_request",
+]
+
+IMAGE_TOKENS: Final = 1600
+"""Estimated tokens per image or document block: Anthropic's figure for a full-size (1092x1092) image."""
+
+_ROLES: Final = ("user", "assistant")
+_TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
+_MEDIA_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_ERROR_TYPES: Final = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+class BadUpstreamResponse(GatewayError):
+    """A backend answered 2xx with a body that is not what its protocol promises."""
+
+    status = 502
+    code = "bad_upstream_response"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str
+    """``user`` or ``assistant``."""
+    content: str | tuple[dict[str, Any], ...]
+    """The string as sent, or the checked content blocks as JSON objects."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesRequest:
+    model: str
+    max_tokens: int
+    """0 only for a count_tokens body, which has no max_tokens."""
+    messages: tuple[Message, ...]
+    system: str | tuple[dict[str, Any], ...] | None = None
+    stop_sequences: tuple[str, ...] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool = False
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: dict[str, Any] | None = None
+    user_id: str | None = None
+    """``metadata.user_id``."""
+    thinking: dict[str, Any] | None = None
+
+
+def parse_messages_request(body: bytes) -> MessagesRequest:
+    return _parse(body, count_tokens=False)
+
+
+def _parse(body: bytes, *, count_tokens: bool) -> MessagesRequest:
+    try:
+        doc: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model: a non-empty string is required", param="model")
+    max_tokens = 0
+    if not count_tokens:
+        max_tokens = _integer(doc.get("max_tokens"), "max_tokens", low=1, required=True) or 0
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: a non-empty list of messages is required", param="messages")
+    parsed = tuple(_message(m, i, i == len(messages) - 1) for i, m in enumerate(messages))
+    metadata = doc.get("metadata")
+    user_id = None
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise BadRequest("metadata: expected an object", param="metadata")
+        user_id = metadata.get("user_id")
+        if user_id is not None and not isinstance(user_id, str):
+            raise BadRequest("metadata.user_id: expected a string", param="metadata.user_id")
+    return MessagesRequest(
+        model=model,
+        max_tokens=max_tokens,
+        messages=parsed,
+        system=_system(doc.get("system")),
+        stop_sequences=_stop_sequences(doc.get("stop_sequences")),
+        temperature=_number(doc.get("temperature"), "temperature", 0.0, 1.0),
+        top_p=_number(doc.get("top_p"), "top_p", 0.0, 1.0),
+        top_k=_integer(doc.get("top_k"), "top_k", low=0),
+        stream=_boolean(doc.get("stream"), "stream"),
+        tools=_tools(doc.get("tools")),
+        tool_choice=_tool_choice(doc.get("tool_choice")),
+        user_id=user_id,
+        thinking=_thinking(doc.get("thinking")),
+    )
+
+
+def _integer(value: Any, param: str, *, low: int, required: bool = False) -> int | None:
+    if value is None:
+        if required:
+            raise BadRequest(f"{param}: field required", param=param)
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise BadRequest(f"{param}: expected an integer >= {low}", param=param)
+    return value
+
+
+def _number(value: Any, param: str, low: float, high: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise BadRequest(f"{param}: expected a number between {low:g} and {high:g}", param=param)
+    return float(value)
+
+
+def _boolean(value: Any, param: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"{param}: expected true or false", param=param)
+    return value
+
+
+def _string(block: dict[str, Any], key: str, path: str, *, required: bool = True) -> str | None:
+    value = block.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{path}.{key}: expected a string", param=f"{path}.{key}")
+    return value
+
+
+def _object(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{path}: expected an object", param=path)
+    return value
+
+
+def _message(value: Any, i: int, last: bool) -> Message:
+    path = f"messages.{i}"
+    m = _object(value, path)
+    role = m.get("role")
+    if role not in _ROLES:
+        raise BadRequest(f"{path}.role: expected 'user' or 'assistant'", param=f"{path}.role")
+    content = m.get("content")
+    if isinstance(content, str):
+        blocks: str | tuple[dict[str, Any], ...] = content
+    elif isinstance(content, list):
+        blocks = tuple(_block(b, f"{path}.content.{j}", role) for j, b in enumerate(content))
+    else:
+        raise BadRequest(f"{path}.content: expected a string or a list of blocks", param=f"{path}.content")
+    if not content and not (last and role == "assistant"):
+        # Anthropic's rule: only a final assistant turn (a prefill) may be empty.
+        raise BadRequest(f"{path}.content: must not be empty", param=f"{path}.content")
+    return Message(role, blocks)
+
+
+def _block(value: Any, path: str, role: str) -> dict[str, Any]:
+    b = _object(value, path)
+    kind = b.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise BadRequest(f"{path}.type: expected a content block type", param=f"{path}.type")
+    if kind in ("tool_use", "thinking", "redacted_thinking") and role != "assistant":
+        raise BadRequest(f"{path}.type: {kind} blocks belong in assistant messages", param=f"{path}.type")
+    if kind == "tool_result" and role != "user":
+        raise BadRequest(f"{path}.type: tool_result blocks belong in user messages", param=f"{path}.type")
+    if kind == "text":
+        _string(b, "text", path)
+    elif kind == "image":
+        _source(b.get("source"), f"{path}.source", image=True)
+    elif kind == "document":
+        _source(b.get("source"), f"{path}.source", image=False)
+    elif kind == "tool_use":
+        _string(b, "id", path)
+        _string(b, "name", path)
+        _object(b.get("input"), f"{path}.input")
+    elif kind == "tool_result":
+        _string(b, "tool_use_id", path)
+        _boolean(b.get("is_error"), f"{path}.is_error")
+        inner = b.get("content")
+        if isinstance(inner, list):
+            for k, item in enumerate(inner):
+                _block(item, f"{path}.content.{k}", "tool_result")
+        elif inner is not None and not isinstance(inner, str):
+            raise BadRequest(
+                f"{path}.content: expected a string or a list of blocks", param=f"{path}.content"
+            )
+    elif kind == "thinking":
+        _string(b, "thinking", path)
+        _string(b, "signature", path)
+    elif kind == "redacted_thinking":
+        _string(b, "data", path)
+    elif kind == "search_result":
+        _string(b, "source", path)
+        _string(b, "title", path)
+        if not isinstance(b.get("content"), list):
+            raise BadRequest(f"{path}.content: expected a list of text blocks", param=f"{path}.content")
+    return b
+
+
+def _source(value: Any, path: str, *, image: bool) -> None:
+    s = _object(value, path)
+    kind = s.get("type")
+    if kind == "base64":
+        media = _string(s, "media_type", path)
+        if image and media not in _MEDIA_TYPES:
+            allowed = ", ".join(_MEDIA_TYPES)
+            raise BadRequest(f"{path}.media_type: expected one of {allowed}", param=f"{path}.media_type")
+        _string(s, "data", path)
+    elif kind == "url":
+        _string(s, "url", path)
+    elif kind == "file":
+        _string(s, "file_id", path)
+    elif kind in ("text", "content") and not image:
+        pass  # plain-text and content-block documents: the translators refuse documents anyway
+    else:
+        raise BadRequest(f"{path}.type: expected 'base64', 'url' or 'file'", param=f"{path}.type")
+
+
+def _system(value: Any) -> str | tuple[dict[str, Any], ...] | None:
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise BadRequest("system: expected a string or a list of text blocks", param="system")
+    for i, b in enumerate(value):
+        block = _object(b, f"system.{i}")
+        if block.get("type") != "text":
+            raise BadRequest(f"system.{i}.type: system blocks must be text blocks", param=f"system.{i}.type")
+        _string(block, "text", f"system.{i}")
+    return tuple(value)
+
+
+def _stop_sequences(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise BadRequest("stop_sequences: expected a list of strings", param="stop_sequences")
+    for i, s in enumerate(value):
+        if not isinstance(s, str) or not s:
+            raise BadRequest(f"stop_sequences.{i}: expected a non-empty string", param=f"stop_sequences.{i}")
+    return tuple(value)
+
+
+def _tools(value: Any) -> tuple[dict[str, Any], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise BadRequest("tools: expected a list of tools", param="tools")
+    for i, t in enumerate(value):
+        tool = _object(t, f"tools.{i}")
+        name = _string(tool, "name", f"tools.{i}")
+        if not name:
+            raise BadRequest(f"tools.{i}.name: must not be empty", param=f"tools.{i}.name")
+        _string(tool, "description", f"tools.{i}", required=False)
+        if tool.get("type") in (None, "custom"):
+            schema = _object(tool.get("input_schema"), f"tools.{i}.input_schema")
+            if schema.get("type") != "object":
+                raise BadRequest(
+                    f"tools.{i}.input_schema.type: the schema must describe an object",
+                    param=f"tools.{i}.input_schema.type",
+                )
+        elif not isinstance(tool["type"], str):
+            raise BadRequest(f"tools.{i}.type: expected a string", param=f"tools.{i}.type")
+    return tuple(value)
+
+
+def _tool_choice(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    choice = _object(value, "tool_choice")
+    kind = choice.get("type")
+    if kind not in _TOOL_CHOICES:
+        allowed = ", ".join(_TOOL_CHOICES)
+        raise BadRequest(f"tool_choice.type: expected one of {allowed}", param="tool_choice.type")
+    if kind == "tool":
+        _string(choice, "name", "tool_choice")
+    _boolean(choice.get("disable_parallel_tool_use"), "tool_choice.disable_parallel_tool_use")
+    return choice
+
+
+def _thinking(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    thinking = _object(value, "thinking")
+    if not isinstance(thinking.get("type"), str):
+        raise BadRequest("thinking.type: expected a string such as 'enabled'", param="thinking.type")
+    if thinking["type"] == "enabled":
+        _integer(thinking.get("budget_tokens"), "thinking.budget_tokens", low=1, required=True)
+    return thinking
+
+
+def estimate_input_tokens(req: MessagesRequest) -> int:
+    """The estimate ``count_tokens_estimate`` documents, for a request already parsed."""
+    chars = 0
+    media = 0
+
+    def add(value: Any) -> None:
+        nonlocal chars, media
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                add(item)
+        elif isinstance(value, dict):
+            kind = value.get("type")
+            if kind in ("image", "document"):
+                media += 1
+            elif kind == "text":
+                chars += len(value.get("text", ""))
+            elif kind == "tool_use":
+                chars += len(value.get("name", "")) + len(orjson.dumps(value.get("input")))
+            elif kind == "tool_result":
+                add(value.get("content"))
+            elif kind == "thinking":
+                chars += len(value.get("thinking", ""))
+
+    add(req.system)
+    for m in req.messages:
+        add(m.content)
+    for tool in req.tools or ():
+        chars += len(orjson.dumps(tool))
+    return max(1, math.ceil(chars / 4) + media * IMAGE_TOKENS)
+
+
+def count_tokens_estimate(body: bytes) -> int:
+    """An *estimate* of a request's input tokens, for ``POST /v1/messages/count_tokens`` and admission.
+
+    The rule: ``ceil(characters / 4)`` over the system prompt, every text block (and string content),
+    tool_use names and JSON inputs, tool_result text, thinking text and the whole JSON of every tool
+    definition, plus ``IMAGE_TOKENS`` (1600) per image or document block, and at least 1. Backends
+    tokenise differently; this is neither an upper nor a lower bound. The body is checked like a Messages
+    request except that ``max_tokens`` is not required (count_tokens bodies have none)."""
+    return estimate_input_tokens(_parse(body, count_tokens=True))
+
+
+def anthropic_error_type(status: int) -> str:
+    """The Anthropic error type for an HTTP status: the documented ones, else by class (4xx, 5xx)."""
+    kind = _ERROR_TYPES.get(status)
+    if kind is not None:
+        return kind
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    return orjson.dumps(
+        {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    )
