@@ -11,6 +11,7 @@ __all__ = [
     "ConfigError",
     "Forbidden",
     "GatewayError",
+    "MethodNotAllowed",
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
@@ -86,6 +87,13 @@ class NotFound(GatewayError):
     code = "model_not_found"
     openai_type = "invalid_request_error"
     anthropic_type = "not_found_error"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    code = "method_not_allowed"
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
 
 
 class PayloadTooLarge(GatewayError):

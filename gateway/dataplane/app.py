@@ -21,6 +21,7 @@ import orjson
 from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
+from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP, make_client
@@ -28,12 +29,18 @@ from gateway.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
+    MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     RoutingRefused,
     Unauthorized,
 )
 from gateway.keys import hash_secret
+from gateway.protocol.anthropic import (
+    estimate_input_tokens,
+    parse_count_tokens_request,
+    parse_messages_request,
+)
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
@@ -51,6 +58,9 @@ _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-enco
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Anthropic's Messages API: its own request shape and its own error envelope.
+_MESSAGES = "/v1/messages"
+_COUNT_TOKENS = "/v1/messages/count_tokens"
 
 
 class ProxyApp:
@@ -161,7 +171,8 @@ class ProxyApp:
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
                 self.refused[exc.status] = self.refused.get(exc.status, 0) + 1
-                proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), exc.openai_body())
+                envelope = exc.anthropic_body() if path.startswith(_MESSAGES) else exc.openai_body()
+                proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), envelope)
             except RelayAborted as exc:
                 # The answer is committed: returning ends the client's response where it stopped. With a
                 # declared length the client sees it short; a chunked one ends without its terminator event.
@@ -205,18 +216,26 @@ class ProxyApp:
     async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:
         snap = self.snapshot
         headers = scope.headers
-        key = self.authenticate(snap, headers.get("authorization"))
+        key = self.authenticate(snap, headers)
         method: str = scope.method
         if path == "/v1/models" and method == "GET":
             proto.response_bytes(200, _JSON, self.models_body(snap, key))
             return
         body = await self.read_body(proto, headers.get("content-length"))
-        info = self.inspect(body, headers.get("content-type") or "", method, scope.query_string)
+        out = self.outgoing(scope, path, body)
+        info = out.info
+        assert info is not None
         route = snap.routes.get(info.model)
         if route is None:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
         if not key.principal.may_use(info.model):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        if path == _COUNT_TOKENS:
+            assert out.messages is not None
+            proto.response_bytes(
+                200, _JSON, orjson.dumps({"input_tokens": estimate_input_tokens(out.messages)})
+            )
+            return
         facts = None
         if route.rules:
             prompt = len(body) // 4
@@ -239,14 +258,9 @@ class ProxyApp:
                 self.settings.default_completion_tokens,
                 headers.get("x-request-id"),
             )
-        forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
-        qs = scope.query_string
-        path_qs = path + "?" + qs if qs else path
         forwarder = self.forwarder_or_fail()
         if accounting is None or exchange is None:
-            await self.run_guarded(
-                proto, forwarder.forward(proto, method, path_qs, forwarded, body, info, targets)
-            )
+            await self.run_guarded(proto, forwarder.forward(proto, out, targets))
             return
         if (
             info.stream
@@ -254,13 +268,11 @@ class ProxyApp:
             and path in _STREAM_USAGE_PATHS
             and self.settings.inject_stream_usage
         ):
-            body = inject_stream_usage(body)
+            out.body = inject_stream_usage(body)
         tap = ResponseTap(proto, exchange.headers)
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
-            attempted = await self.run_guarded(
-                tap, forwarder.forward(tap, method, path_qs, forwarded, body, info, targets)
-            )
+            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None
@@ -274,10 +286,43 @@ class ProxyApp:
         finally:
             accounting.finish(exchange, tap, status, backend, attempts)
 
-    def authenticate(self, snap: Snapshot, authorization: str | None) -> KeyEntry:
-        if not authorization or not authorization.startswith(("Bearer ", "bearer ")):
-            raise Unauthorized("Missing API key: send it as `Authorization: Bearer <key>`")
-        entry = snap.keys.get(hash_secret(authorization[7:].strip(), self.hash_key))
+    def outgoing(self, scope: Any, path: str, body: bytes) -> Outgoing:
+        """The request as the forwarder sends it: parsed just enough, in the client's protocol."""
+        headers = scope.headers
+        method: str = scope.method
+        qs: str = scope.query_string
+        forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
+        path_qs = path + "?" + qs if qs else path
+        if path in (_MESSAGES, _COUNT_TOKENS):
+            if method != "POST":
+                raise MethodNotAllowed(f"{path} takes POST")
+            req = parse_messages_request(body) if path == _MESSAGES else parse_count_tokens_request(body)
+            info = RequestInfo(req.model, req.stream, False, req.max_tokens or None, None, user=req.user_id)
+            return Outgoing(
+                "anthropic",
+                method,
+                path_qs,
+                forwarded,
+                body,
+                info,
+                req,
+                self.settings.default_completion_tokens,
+            )
+        info = self.inspect(body, headers.get("content-type") or "", method, qs)
+        return Outgoing(
+            "openai", method, path_qs, forwarded, body, info, None, self.settings.default_completion_tokens
+        )
+
+    def authenticate(self, snap: Snapshot, headers: Any) -> KeyEntry:
+        """The caller's key from ``Authorization: Bearer`` or, as Anthropic clients send it, ``x-api-key``."""
+        authorization: str | None = headers.get("authorization")
+        if authorization and authorization.startswith(("Bearer ", "bearer ")):
+            secret = authorization[7:].strip()
+        else:
+            secret = (headers.get("x-api-key") or "").strip()
+            if not secret:
+                raise Unauthorized("Missing API key: send it as `Authorization: Bearer <key>` or `x-api-key`")
+        entry = snap.keys.get(hash_secret(secret, self.hash_key))
         if entry is None:
             raise Unauthorized("Incorrect API key provided")
         if entry.expires_at is not None and entry.expires_at <= time.time():

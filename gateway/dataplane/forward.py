@@ -11,16 +11,18 @@ I/O: the upstream request through the worker's ``UpstreamClient``, and writes to
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.dataplane.backend_load import BackendLoad, Place
+from gateway.dataplane.dialects import Outgoing, Translation
 from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamResponse
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
+from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP
-from gateway.errors import GatewayError, UpstreamUnavailable
-from gateway.protocol.openai_request import RequestInfo, splice_model
+from gateway.errors import BadRequest, GatewayError, UpstreamUnavailable
 from gateway.snapshot import Target
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
@@ -49,13 +51,6 @@ class Attempted:
 
 def _response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
     return [(k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP]
-
-
-def _upstream_headers(headers: list[tuple[str, str]], target: Target) -> list[tuple[str, str]]:
-    key = target.backend.api_key
-    if key:
-        return [*headers, ("Authorization", "Bearer " + key)]
-    return headers
 
 
 class BackendHealth:
@@ -111,20 +106,11 @@ class Forwarder:
     def cooling(self) -> dict[str, float]:
         return self.load.cooling
 
-    async def forward(
-        self,
-        proto: Any,
-        method: str,
-        path_qs: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        info: RequestInfo | None,
-        targets: tuple[Target, ...],
-    ) -> Attempted:
+    async def forward(self, proto: Any, out: Outgoing, targets: tuple[Target, ...]) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded)."""
         load = self.load
-        attempt = _Attempt(self, proto, method, path_qs, headers, body, info, len(targets))
+        attempt = _Attempt(self, proto, out, len(targets))
         full: list[Target] = []
         for target in targets:
             place = load.enter(target.backend)
@@ -140,10 +126,13 @@ class Forwarder:
                 return attempt.result()
         return attempt.give_up(proto)
 
-    async def _relay(self, proto: Any, resp: UpstreamResponse) -> None:
+    async def _relay(self, proto: Any, resp: UpstreamResponse, translation: Translation | None) -> None:
         """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by
         chunk otherwise. A streamed answer whose length the engine declared keeps that length, so a cut
-        in the middle shows the client a short body instead of a cleanly ended one."""
+        in the middle shows the client a short body instead of a cleanly ended one. A translated answer
+        goes through its translation, event by event when streamed."""
+        if translation is not None and isinstance(proto, ResponseTap):
+            proto.meter = translation
         headers = _response_headers(resp)
         length = resp.content_length
         streamed = length is None or resp.content_type == "text/event-stream"
@@ -153,7 +142,19 @@ class Forwarder:
                     data = await resp.read()
                 except UpstreamError as exc:
                     raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
+                if translation is not None:
+                    ok = 200 <= resp.status < 300
+                    data = translation.whole(data) if ok else translation.error(resp.status, data)
+                    if not translation.verbatim:
+                        headers = [_JSON_TYPE]
                 proto.response_bytes(resp.status, headers, data)
+                return
+            if translation is not None:
+                if not translation.verbatim:
+                    headers, length = [_SSE_TYPE, ("cache-control", "no-cache")], None
+                elif length is not None:
+                    headers.append(("content-length", str(length)))
+                await _relay_translated(proto.response_stream(resp.status, headers), resp, translation)
                 return
             if length is not None:
                 headers.append(("content-length", str(length)))
@@ -174,47 +175,86 @@ class Forwarder:
             resp.release()
 
 
+_JSON_TYPE = ("content-type", "application/json")
+_SSE_TYPE = ("content-type", "text/event-stream")
+PING_EVERY = 10.0  # seconds of upstream silence after which an Anthropic client is sent a ping event
+
+
+async def _relay_translated(transport: Any, resp: UpstreamResponse, translation: Translation) -> None:
+    """A stream through its translation. A cut upstream ends it with the translation's error event (never
+    a made-up end of message); quiet stretches get the client protocol's keepalive where it has one."""
+    ping = translation.ping()
+    quiet = _Keepalive(transport, ping) if ping is not None else None
+    try:
+        first = True
+        async for chunk in resp:
+            data = translation.feed(chunk)
+            if data:
+                if quiet is not None:
+                    quiet.last = time.monotonic()
+                await transport.send_bytes(data)
+                if first and ping is not None:
+                    await transport.send_bytes(ping)  # as Anthropic does, right after message_start
+                    first = False
+        tail = translation.finish()
+        if tail:
+            await transport.send_bytes(tail)
+    except UpstreamError as exc:
+        tail = translation.finish()
+        if tail:
+            await transport.send_bytes(tail)
+        del transport
+        exc.__traceback__ = None
+        raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None
+    finally:
+        if quiet is not None:
+            quiet.stop()
+
+
+class _Keepalive:
+    """Sends ``ping`` when nothing went to the client for ``PING_EVERY`` seconds. One timer per stream,
+    re-armed from the last send, never a task per chunk."""
+
+    def __init__(self, transport: Any, ping: bytes) -> None:
+        self.transport = transport
+        self.ping = ping
+        self.last = time.monotonic()
+        self.loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(PING_EVERY, self._due)
+
+    def _due(self) -> None:
+        wait = self.last + PING_EVERY - time.monotonic()
+        if wait > 0:
+            self.timer = self.loop.call_later(wait, self._due)
+            return
+        self.task = self.loop.create_task(self._send())
+
+    async def _send(self) -> None:
+        self.last = time.monotonic()
+        await self.transport.send_bytes(self.ping)
+        self.timer = self.loop.call_later(PING_EVERY, self._due)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
 class _Attempt:
     """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
     target fails, the last error, and how many targets were tried."""
 
-    __slots__ = (
-        "body",
-        "error",
-        "fwd",
-        "headers",
-        "info",
-        "kept",
-        "last",
-        "method",
-        "path_qs",
-        "proto",
-        "status",
-        "target",
-        "tries",
-    )
+    __slots__ = ("error", "fwd", "kept", "last", "out", "proto", "status", "target", "tries")
 
-    def __init__(
-        self,
-        fwd: Forwarder,
-        proto: Any,
-        method: str,
-        path_qs: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        info: RequestInfo | None,
-        count: int,
-    ) -> None:
+    def __init__(self, fwd: Forwarder, proto: Any, out: Outgoing, count: int) -> None:
         self.fwd = fwd
         self.proto = proto
-        self.method = method
-        self.path_qs = path_qs
-        self.headers = headers
-        self.body = body
-        self.info = info
+        self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
         self.tries = 0
-        self.kept: tuple[int, list[tuple[str, str]], bytes] | None = None
+        self.kept: tuple[int, list[tuple[str, str]], bytes, Translation | None] | None = None
         self.error: BaseException | None = None
         self.target: Target | None = None
         self.status = 0
@@ -223,24 +263,29 @@ class _Attempt:
         """Try ``target`` holding ``place``; True when its answer went to the client."""
         fwd = self.fwd
         backend = target.backend
+        try:
+            up = self.out.prepare(target)
+        except BaseException:
+            fwd.load.leave(backend, place)
+            raise
+        if up is None:  # this backend's protocol cannot serve the request: not a try
+            fwd.load.leave(backend, place)
+            self.last -= 1
+            return False
         self.tries += 1
         self.target = target
         health = fwd.health.get(backend.name)
         if health is None:
             health = fwd.health[backend.name] = BackendHealth()
-        payload = self.body
-        info = self.info
-        if info is not None and target.upstream_model != info.model:
-            payload = splice_model(payload, info, target.upstream_model)
         health.in_flight += 1
         try:
             try:
                 resp = await fwd.client.request(
                     backend.url,
-                    self.method,
-                    self.path_qs,
-                    _upstream_headers(self.headers, target),
-                    payload,
+                    self.out.method,
+                    up.path_qs,
+                    up.headers,
+                    up.body,
                     connect_timeout=backend.connect_timeout,
                     first_byte_timeout=backend.first_byte_timeout,
                     read_timeout=backend.read_timeout,
@@ -258,7 +303,7 @@ class _Attempt:
                     health.consecutive -= 1  # load shedding says nothing about the backend's health
                 if self.tries < self.last:
                     try:
-                        self.kept = (status, _response_headers(resp), await resp.read())
+                        self.kept = (status, _response_headers(resp), await resp.read(), up.translation)
                     except UpstreamError:
                         pass
                     finally:
@@ -267,7 +312,7 @@ class _Attempt:
             else:
                 health.answered += 1
                 health.consecutive = 0
-            await fwd._relay(self.proto, resp)
+            await fwd._relay(self.proto, resp, up.translation)
             return True
         finally:
             health.in_flight -= 1
@@ -277,12 +322,17 @@ class _Attempt:
         return Attempted(self.target, self.status, self.tries)
 
     def give_up(self, proto: Any) -> Attempted:
-        """Every target failed: the last kept answer goes to the client verbatim, or the gateway speaks."""
+        """Every target failed: the last kept answer goes to the client (in its protocol), or the gateway
+        speaks."""
         if self.kept is not None:
-            status, hdrs, data = self.kept
+            status, hdrs, data, translation = self.kept
+            if translation is not None and not translation.verbatim:
+                data, hdrs = translation.error(status, data), [_JSON_TYPE]
             proto.response_bytes(status, hdrs, data)
             return Attempted(self.target, status, self.tries)
         if isinstance(self.error, ClientTimeout):
             raise UpstreamTimeout("no backend answered in time for this model")
+        if self.tries == 0 and self.error is None:
+            raise BadRequest(f"no backend of this model serves {self.out.path_qs.partition('?')[0]}")
         detail = f": {type(self.error).__name__}" if self.error is not None else ""
         raise UpstreamUnavailable(f"no backend could be reached for this model{detail}")

@@ -2,8 +2,10 @@
 the rate-limit ones), notes when the answer started, and mirrors the response into a fixed-size tail
 buffer, so usage can be read once at the end.
 
-The bytes themselves are handed to granian untouched. The tap keeps the tail buffer, never the stream
-transport: granian ends a response when its transport object is freed, and the forwarder relies on that.
+The bytes themselves are handed to granian untouched. When the forwarder translates an answer (or relays
+an Anthropic one), it sets ``meter``, and usage is the translation's rather than the tail's. The tap keeps
+the tail buffer, never the stream transport: granian ends a response when its transport object is freed,
+and the forwarder relies on that.
 I/O: none of its own.
 """
 
@@ -20,7 +22,7 @@ TAIL_BYTES = 4096
 
 
 class ResponseTap:
-    __slots__ = ("_proto", "extra_headers", "started", "status", "tail", "whole")
+    __slots__ = ("_proto", "extra_headers", "meter", "started", "status", "tail", "whole")
 
     def __init__(self, proto: Any, extra_headers: list[tuple[str, str]]) -> None:
         self._proto = proto
@@ -29,6 +31,8 @@ class ResponseTap:
         self.started: float | None = None  # perf_counter when the answer started
         self.whole: bytes | None = None
         self.tail: TailBuffer | None = None
+        # A translated or Anthropic answer: the forwarder's translation reads usage instead of the tail.
+        self.meter: Any = None
 
     def __call__(self) -> Any:
         return self._proto()
@@ -45,16 +49,22 @@ class ResponseTap:
         self.whole = body
         self._proto.response_bytes(status, headers + self.extra_headers, body)
 
-    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _TapTransport:
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Any:
         self.started = time.perf_counter()
         self.status = status
+        transport = self._proto.response_stream(status, headers + self.extra_headers)
+        if self.meter is not None:
+            return transport
         self.tail = TailBuffer(TAIL_BYTES)
-        return _TapTransport(self._proto.response_stream(status, headers + self.extra_headers), self.tail)
+        return _TapTransport(transport, self.tail)
 
     def usage(self) -> Usage | None:
         """Usage from the last bytes of a successful answer, parsed once; None when absent or not 2xx."""
         if not 200 <= self.status < 300:
             return None
+        if self.meter is not None:
+            usage: Usage | None = self.meter.usage()
+            return usage
         if self.whole is not None:
             return parse_usage(memoryview(self.whole)[-TAIL_BYTES:])
         if self.tail is not None:

@@ -129,7 +129,9 @@ class MockEngine:
             return
         body = await proto()
         b = self.behaviour
-        if b.record:
+        # Monitoring (a gateway's engine scraper and probes) is counted in the stats, never recorded: the
+        # recordings are what the engine was asked to do.
+        if b.record and path not in _MONITORING:
             self.recordings.append((scope.method, path, scope.query_string, scope.headers.items(), body))
         stats = self.stats
         stats.total += 1
@@ -335,6 +337,9 @@ class MockEngine:
             )
         else:
             _error(proto, r.MockRequestError(404, f"no control route {method} {path}", "NotFoundError"))
+
+
+_MONITORING = frozenset({"/metrics", "/health"})
 
 
 def _wake(sleeper: asyncio.Future[None]) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "anthropic_error_type",
     "count_tokens_estimate",
     "estimate_input_tokens",
+    "parse_count_tokens_request",
     "parse_messages_request",
 ]
 
@@ -365,6 +366,11 @@ def estimate_input_tokens(req: MessagesRequest) -> int:
     for tool in req.tools or ():
         chars += len(orjson.dumps(tool))
     return max(1, math.ceil(chars / 4) + media * IMAGE_TOKENS)
+
+
+def parse_count_tokens_request(body: bytes) -> MessagesRequest:
+    """A ``count_tokens`` body, checked like a Messages request except that it has no ``max_tokens``."""
+    return _parse(body, count_tokens=True)
 
 
 def count_tokens_estimate(body: bytes) -> int:

@@ -417,25 +417,26 @@ def test_recordings_keep_bytes_headers_and_query(engine: MockProcess) -> None:
         content=body,
         headers={"X-Custom-Thing": "Value", "content-type": "application/json"},
     )
-    engine.http.get("/health")
+    engine.http.get("/health")  # monitoring is counted, not recorded
+    engine.http.get("/v1/models")
     recs = engine.requests()
-    assert [r["path"] for r in recs] == ["/v1/chat/completions", "/health"]
+    assert [r["path"] for r in recs] == ["/v1/chat/completions", "/v1/models"]
     rec = recs[0]
     assert (rec["method"], rec["query"]) == ("POST", "a=1&b=two")
     assert base64.b64decode(rec["body_b64"]) == body
     assert rec["headers"]["x-custom-thing"] == "Value"
     assert all(k == k.lower() for k in rec["headers"])
-    assert [r["path"] for r in engine.requests(path="/health")] == ["/health"]
+    assert [r["path"] for r in engine.requests(path="/v1/models")] == ["/v1/models"]
 
 
 def test_recordings_keep_the_last_thousand(engine: MockProcess) -> None:
     for i in range(1005):
-        engine.http.get("/health", params={"i": i})
+        engine.http.get("/v1/models", params={"i": i})
     recs = engine.requests()
     assert len(recs) == 1000
     assert (recs[0]["query"], recs[-1]["query"]) == ("i=5", "i=1004")
     engine.configure(record=False)
-    engine.http.get("/health")
+    engine.http.get("/v1/models")
     assert len(engine.requests()) == 1000
 
 

@@ -4,6 +4,7 @@ active health with the deployment-wide fallback, and the dry run that shares the
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,7 +109,7 @@ def fresh(engines: list[MockEngine]) -> list[MockEngine]:
 
 
 def completions(engine: MockEngine) -> list[dict[str, Any]]:
-    """What the engine was asked to generate (the scraper's /metrics reads are recorded too)."""
+    """What the engine was asked to generate."""
     return [r for r in engine.requests() if r["path"] == "/v1/chat/completions"]
 
 
@@ -271,6 +272,7 @@ def test_gate_ceiling_follows_the_engine_queue(tmp_path: Path) -> None:
         engine.configure(waiting=10)
         wait_until(lambda: env.backend_view("a")["gate"]["ceiling"] == 1, what="ceiling falls to 1")
         assert env.backend_view("a")["engine"]["waiting"] == 10
+        time.sleep(0.3)  # the workers re-read the engine document every 0.1 s
         # One request holds the only place for 1 s; two wait in the proxy's queue; the rest get 503 at once.
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             slow = pool.submit(env.post, headers={"x-mock-delay": "1.0"})
@@ -308,17 +310,20 @@ def test_active_probes_skip_a_down_backend_then_use_the_fallback(tmp_path: Path)
         live.configure(metrics_enabled=False, health_status=503)
         wait_until(lambda: env.backend_view("live").get("healthy") is False, what="live marked down")
         assert "503" in env.backend_view("live")["probe_error"]
+        time.sleep(0.3)  # the workers re-read the engine document every 0.1 s
         resp = env.post()
         assert resp.status_code == 200 and served_by([live, spare]) == [1, 1]
         # Everything down: 503 from the gateway, nothing sent to a known-failed node.
         spare.configure(metrics_enabled=False, health_status=503)
         wait_until(lambda: env.backend_view("spare").get("healthy") is False, what="spare marked down")
+        time.sleep(0.3)
         resp = env.post()
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "no_healthy_backend"
         assert served_by([live, spare]) == [1, 1]
         # One good probe brings it back.
         live.configure(health_status=200)
         wait_until(lambda: env.backend_view("live").get("healthy") is True, what="live back")
+        time.sleep(0.3)
         assert env.post().status_code == 200 and served_by([live, spare]) == [2, 1]
         env.gw.stop()
     finally:

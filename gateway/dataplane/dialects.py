@@ -1,0 +1,291 @@
+"""Speaking each backend's protocol: what one target of a request is sent, and how its answer is turned
+into the client's protocol.
+
+The client speaks OpenAI (``/v1/*``) or Anthropic (``/v1/messages``); a backend declares ``openai``,
+``anthropic`` or ``gemini``. Same protocol on both sides: the client's bytes go as they came (the model's
+value aside) and the answer comes back untouched — an Anthropic answer is only metered as it passes
+(``AnthropicUsageMeter``), since the tail parser reads OpenAI usage. Different protocols: the body is
+translated by the sans-I/O translator named after the pair (``gateway.protocol.<client>_<backend>``), the
+answer too, event by event for a stream, and usage is read from the translator. An Anthropic client in
+front of a Gemini backend goes through both translators, with OpenAI's shape in between.
+
+Each backend gets its key where its protocol reads it: ``Authorization: Bearer`` (OpenAI),
+``x-api-key`` with ``anthropic-version`` (Anthropic), ``x-goog-api-key`` (Gemini). Translated requests
+carry only the headers their body needs; verbatim ones carry the client's (its credentials dropped).
+
+``Outgoing.prepare(target)`` returns None for a target that cannot serve the request (an OpenAI path other
+than chat completions on a non-OpenAI backend): the forwarder passes over it. No I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.native import Usage, parse_usage
+from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini
+from gateway.protocol.anthropic import MessagesRequest, estimate_input_tokens
+from gateway.protocol.anthropic_usage import AnthropicUsageMeter
+from gateway.protocol.openai_request import RequestInfo, splice_model
+from gateway.snapshot import Target
+
+__all__ = ["ANTHROPIC_VERSION", "Outgoing", "Translation", "Upstream"]
+
+ANTHROPIC_VERSION = "2023-06-01"  # sent when the client did not name one
+_JSON = ("content-type", "application/json")
+_CHAT = "/v1/chat/completions"
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+
+
+class Translation(Protocol):
+    """The answer's side of one target: its body, its stream, its errors, and the usage seen in them."""
+
+    verbatim: bool  # the answer's bytes and headers go to the client as they are (only metered)
+
+    def whole(self, body: bytes) -> bytes: ...
+
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def error(self, status: int, body: bytes) -> bytes: ...
+
+    def usage(self) -> Usage | None: ...
+
+    def ping(self) -> bytes | None: ...
+
+
+@dataclass(slots=True)
+class Upstream:
+    path_qs: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    translation: Translation | None  # None: a verbatim OpenAI answer (the tail buffer reads its usage)
+
+
+class _Metered:
+    """An Anthropic answer relayed verbatim, its usage read as it passes."""
+
+    verbatim = True
+
+    def __init__(self) -> None:
+        self.meter = AnthropicUsageMeter()
+
+    def whole(self, body: bytes) -> bytes:
+        self.meter.feed(body)
+        self.meter.finish()
+        return body
+
+    def feed(self, chunk: bytes) -> bytes:
+        self.meter.feed(chunk)
+        return chunk
+
+    def finish(self) -> bytes:
+        self.meter.finish()
+        return b""
+
+    def error(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def usage(self) -> Usage | None:
+        return self.meter.usage()
+
+    def ping(self) -> bytes | None:
+        return None
+
+
+class _StreamTranslator(Protocol):
+    def feed(self, chunk: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+    def usage(self) -> Usage | None: ...
+
+
+class _Translated:
+    """A translated answer: ``whole_fn`` for a body (it returns the client's bytes and the answer's OpenAI
+    form, from which usage is read), a stream translator built on first use, ``error_fn`` for error
+    bodies."""
+
+    verbatim = False
+
+    def __init__(
+        self,
+        whole_fn: Callable[[bytes], tuple[bytes, bytes]],
+        stream_fn: Callable[[], _StreamTranslator],
+        error_fn: Callable[[int, bytes], bytes],
+        ping: bytes | None = None,
+    ) -> None:
+        self._whole, self._stream_fn, self._error = whole_fn, stream_fn, error_fn
+        self._stream: _StreamTranslator | None = None
+        self._usage: Usage | None = None
+        self._ping = ping
+
+    def whole(self, body: bytes) -> bytes:
+        out, openai_form = self._whole(body)
+        self._usage = parse_usage(memoryview(openai_form)[-4096:])
+        return out
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._stream is None:
+            self._stream = self._stream_fn()
+        return self._stream.feed(chunk)
+
+    def finish(self) -> bytes:
+        return self._stream.finish() if self._stream is not None else b""
+
+    def error(self, status: int, body: bytes) -> bytes:
+        return self._error(status, body)
+
+    def usage(self) -> Usage | None:
+        return self._stream.usage() if self._stream is not None else self._usage
+
+    def ping(self) -> bytes | None:
+        return self._ping
+
+
+class _Chained:
+    """Two stream translators in a row (Gemini -> OpenAI -> Anthropic)."""
+
+    def __init__(self, first: _StreamTranslator, second: _StreamTranslator) -> None:
+        self.first, self.second = first, second
+
+    def feed(self, chunk: bytes) -> bytes:
+        middle = self.first.feed(chunk)
+        return self.second.feed(middle) if middle else b""
+
+    def finish(self) -> bytes:
+        return self.second.feed(self.first.finish()) + self.second.finish()
+
+    def usage(self) -> Usage | None:
+        return self.first.usage()
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """The client's request, ready to be sent to any target."""
+
+    dialect: str  # "openai" | "anthropic": what the client speaks
+    method: str
+    path_qs: str
+    headers: list[tuple[str, str]]  # the client's, its credentials and hop-by-hop headers dropped
+    body: bytes
+    info: RequestInfo | None
+    messages: MessagesRequest | None = None  # the parsed Anthropic request
+    default_max_tokens: int = 4096
+    anthropic_version: str = ANTHROPIC_VERSION
+
+    def prepare(self, target: Target) -> Upstream | None:
+        protocol = target.backend.protocol
+        if self.dialect == "openai":
+            if protocol == "openai":
+                return Upstream(self.path_qs, self._bearer(target, self.headers), self._spliced(target), None)
+            if self.path_qs.partition("?")[0] != _CHAT or self.info is None:
+                return None
+            if protocol == "anthropic":
+                return self._openai_to_anthropic(target)
+            return self._openai_to_gemini(target)
+        assert self.messages is not None
+        if protocol == "anthropic":
+            return Upstream(
+                self.path_qs, self._anthropic_auth(target, self.headers), self._spliced(target), _Metered()
+            )
+        if protocol == "openai":
+            return self._anthropic_to_openai(target)
+        return self._anthropic_to_gemini(target)
+
+    # -- the six pairs -------------------------------------------------------------------------------------
+    def _openai_to_anthropic(self, target: Target) -> Upstream:
+        assert self.info is not None
+        model, include_usage = self.info.model, self.info.include_usage
+        body = openai_anthropic.request_to_anthropic(
+            self.body, target.upstream_model, self.default_max_tokens
+        )
+        translation = _Translated(
+            lambda b: _same(openai_anthropic.response_to_openai(b, model)),
+            lambda: openai_anthropic.StreamToOpenAI(model, include_usage=include_usage),
+            openai_anthropic.error_to_openai,
+        )
+        return Upstream("/v1/messages", self._anthropic_auth(target, [_JSON]), body, translation)
+
+    def _openai_to_gemini(self, target: Target) -> Upstream:
+        assert self.info is not None
+        model, include_usage = self.info.model, self.info.include_usage
+        suffix, body = openai_gemini.request_to_gemini(self.body)
+        translation = _Translated(
+            lambda b: _same(openai_gemini.response_to_openai(b, model)),
+            lambda: openai_gemini.StreamToOpenAI(model, include_usage=include_usage),
+            openai_gemini.error_to_openai,
+        )
+        return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
+
+    def _anthropic_to_openai(self, target: Target) -> Upstream:
+        req = self.messages
+        assert req is not None
+        estimate = estimate_input_tokens(req)
+        body = anthropic_openai.request_to_openai(req, target.upstream_model)
+        translation = _Translated(
+            lambda b: (anthropic_openai.response_from_openai(b, req.model), b),
+            lambda: anthropic_openai.StreamToAnthropic(req.model, input_tokens_estimate=estimate),
+            anthropic_openai.error_to_anthropic,
+            ping=_PING,
+        )
+        return Upstream(_CHAT, self._bearer(target, [_JSON]), body, translation)
+
+    def _anthropic_to_gemini(self, target: Target) -> Upstream:
+        req = self.messages
+        assert req is not None
+        estimate = estimate_input_tokens(req)
+        suffix, body = openai_gemini.request_to_gemini(
+            anthropic_openai.request_to_openai(req, target.upstream_model)
+        )
+        translation = _Translated(
+            lambda b: _via_openai(openai_gemini.response_to_openai(b, req.model), req.model),
+            lambda: _Chained(
+                openai_gemini.StreamToOpenAI(req.model, include_usage=True),
+                anthropic_openai.StreamToAnthropic(req.model, input_tokens_estimate=estimate),
+            ),
+            lambda status, b: anthropic_openai.error_to_anthropic(
+                status, openai_gemini.error_to_openai(status, b)
+            ),
+            ping=_PING,
+        )
+        return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
+
+    # -- bodies and credentials ----------------------------------------------------------------------------
+    def _spliced(self, target: Target) -> bytes:
+        info = self.info
+        if info is not None and target.upstream_model != info.model:
+            return splice_model(self.body, info, target.upstream_model)
+        return self.body
+
+    @staticmethod
+    def _bearer(target: Target, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        key = target.backend.api_key
+        return [*headers, ("authorization", "Bearer " + key)] if key else headers
+
+    def _anthropic_auth(self, target: Target, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        out = list(headers)
+        if not any(k.lower() == "anthropic-version" for k, _ in out):
+            out.append(("anthropic-version", self.anthropic_version))
+        if target.backend.api_key:
+            out.append(("x-api-key", target.backend.api_key))
+        return out
+
+    @staticmethod
+    def _gemini_auth(target: Target) -> list[tuple[str, str]]:
+        key = target.backend.api_key
+        return [_JSON, ("x-goog-api-key", key)] if key else [_JSON]
+
+    @staticmethod
+    def _gemini_path(target: Target, suffix: str) -> str:
+        return f"/v1beta/models/{target.upstream_model}{suffix}"
+
+
+def _same(openai_body: bytes) -> tuple[bytes, bytes]:
+    return openai_body, openai_body
+
+
+def _via_openai(openai_body: bytes, model: str) -> tuple[bytes, bytes]:
+    return anthropic_openai.response_from_openai(openai_body, model), openai_body
