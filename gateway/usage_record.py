@@ -3,6 +3,11 @@
 The contract between the planes in the other direction from the snapshot: a worker encodes a record into
 a few hundred bytes (an orjson array, version first) and pushes it into its shared-memory ring; the
 control worker decodes it and writes it to the store, idempotently by ``request_id``. Pure; no I/O.
+
+A record must fit one ring slot (``RING_SLOT_BYTES`` less the slot's 8-byte header: 1016 bytes). Its
+other fields are bounded (names at most 200 characters, the client's request id at most 128), but a
+routing rule's tag may have up to 500 characters, so ``fit_tag`` cuts the tag — and only the tag — to what
+fits; a record is never refused for its tag.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ __all__ = [
     "decode_record",
     "encode_fields",
     "encode_record",
+    "fit_tag",
     "record_from_values",
     "to_signed64",
     "to_unsigned64",
 ]
 
-VERSION = 3  # 2 added client_request_id, 3 attempts; older records (a proxy host's spool) still decode
+VERSION = 4  # 2 added client_request_id, 3 attempts, 4 tag; older records (a proxy host's spool) still decode
 
 
 class UsageRecord(NamedTuple):
@@ -48,10 +54,11 @@ class UsageRecord(NamedTuple):
     budget_key: int | None  # the live spend counter (unsigned 64-bit) this request was added to
     client_request_id: str | None = None  # what the client sent as x-request-id, if anything
     attempts: int = 1  # targets tried: 1 when the first answered, more after failovers, 0 when none was
+    tag: str | None = None  # the usage tag of the routing rule that decided the request, if it had one
 
     def row(self) -> tuple[Any, ...]:
         """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        return (*self[:15], to_signed64(self.budget_key), self.client_request_id, self.attempts)
+        return (*self[:15], to_signed64(self.budget_key), self.client_request_id, self.attempts, self.tag)
 
 
 def encode_record(record: UsageRecord) -> bytes:
@@ -85,6 +92,7 @@ _TYPES = (
     _INT | _NONE,  # budget_key
     _STR | _NONE,  # client_request_id (version 2)
     _INT,  # attempts (version 3)
+    _STR | _NONE,  # tag (version 4)
 )
 
 
@@ -97,7 +105,7 @@ def decode_record(data: bytes) -> UsageRecord:
     return record_from_values(values)
 
 
-# Every allowed combination of field types, so a record is checked with one lookup (48 combinations).
+# Every allowed combination of field types, so a record is checked with one lookup (96 combinations).
 _SIGNATURES = frozenset(itertools.product(*_TYPES))
 
 
@@ -107,10 +115,12 @@ def record_from_values(values: Any) -> UsageRecord:
         raise ValueError("a usage record is a JSON array")
     if len(values) == len(_TYPES) + 1 and values[0] == VERSION:
         fields = values[1:]
-    elif len(values) == len(_TYPES) and values[0] == 2:
-        fields = [*values[1:], 1]
-    elif len(values) == len(_TYPES) - 1 and values[0] == 1:
-        fields = [*values[1:], None, 1]
+    elif len(values) == len(_TYPES) and values[0] == 3:
+        fields = [*values[1:], None]
+    elif len(values) == len(_TYPES) - 1 and values[0] == 2:
+        fields = [*values[1:], 1, None]
+    elif len(values) == len(_TYPES) - 2 and values[0] == 1:
+        fields = [*values[1:], None, 1, None]
     else:
         raise ValueError(f"not a usage record of version 1 to {VERSION}")
     if tuple(map(type, fields)) not in _SIGNATURES:
@@ -122,30 +132,49 @@ def record_from_values(values: Any) -> UsageRecord:
     return UsageRecord._make(fields)
 
 
+def fit_tag(data: bytes, limit: int) -> bytes:
+    """The encoded record ``data`` in at most ``limit`` bytes, by cutting its tag at a character boundary
+    (the tag becomes None when not one character fits). ``data`` itself when it fits or has no tag; a
+    record too long even without its tag stays too long, for the ring to refuse."""
+    if len(data) <= limit:
+        return data
+    values = orjson.loads(data)
+    tag = values[-1]
+    if not isinstance(tag, str):
+        return data
+    excess = len(data) - limit
+    cut = len(tag)
+    while cut and excess > 0:  # what each character takes in the JSON: UTF-8 bytes, or its escape
+        cut -= 1
+        excess -= len(orjson.dumps(tag[cut])) - 2
+    values[-1] = tag[:cut] or None
+    return orjson.dumps(values)
+
+
 def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
-    """One access-log line (JSON, newline-terminated) for a forwarded request. Identifiers only: the key
-    appears by its id, never its secret or hash; no bodies."""
-    return orjson.dumps(
-        {
-            "ts": record.ts,
-            "request_id": record.request_id,
-            "principal_id": record.principal_id,
-            "principal": principal,
-            "key_id": record.key_id,
-            "model": record.model,
-            "backend": record.backend,
-            "status": record.status,
-            "prompt_tokens": record.prompt_tokens,
-            "completion_tokens": record.completion_tokens,
-            "cached_tokens": record.cached_tokens,
-            "usage": record.usage_source,
-            "latency_ms": record.latency_ms,
-            "ttfb_ms": record.ttfb_ms,
-            "client_request_id": record.client_request_id,
-            "attempts": record.attempts,
-        },
-        option=orjson.OPT_APPEND_NEWLINE,
-    )
+    """One access-log line (JSON, newline-terminated) for a forwarded request, with ``tag`` only when the
+    request had one. Identifiers only: the key appears by its id, never its secret or hash; no bodies."""
+    line: dict[str, Any] = {
+        "ts": record.ts,
+        "request_id": record.request_id,
+        "principal_id": record.principal_id,
+        "principal": principal,
+        "key_id": record.key_id,
+        "model": record.model,
+        "backend": record.backend,
+        "status": record.status,
+        "prompt_tokens": record.prompt_tokens,
+        "completion_tokens": record.completion_tokens,
+        "cached_tokens": record.cached_tokens,
+        "usage": record.usage_source,
+        "latency_ms": record.latency_ms,
+        "ttfb_ms": record.ttfb_ms,
+        "client_request_id": record.client_request_id,
+        "attempts": record.attempts,
+    }
+    if record.tag is not None:
+        line["tag"] = record.tag
+    return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 
 def to_signed64(value: int | None) -> int | None:

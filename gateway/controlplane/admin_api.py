@@ -132,7 +132,7 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/admin/config", "config:read", "get_config", "The configuration as TOML"),
     Route("PUT", "/admin/config", "config:write", "put_config", "Apply a TOML configuration"),
     Route(
-        "GET", "/admin/usage", "usage:read", "usage", "Usage totals grouped by principal/model/key/backend"
+        "GET", "/admin/usage", "usage:read", "usage", "Usage totals by principal, model, key, backend or tag"
     ),
     Route("GET", "/admin/budgets", "usage:read", "budgets", "Spend against every budget, current period"),
     Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
@@ -432,8 +432,8 @@ class AdminApi:
         except ConfigError as exc:
             raise BadRequest(exc.message, param="since") from None
         by = _one(query, "by") or "principal"
-        if by not in ("principal", "model", "key", "backend"):
-            raise BadRequest("by must be principal, model, key or backend", param="by")
+        if by not in ("principal", "model", "key", "backend", "tag"):
+            raise BadRequest("by must be principal, model, key, backend or tag", param="by")
         bucket_name = _one(query, "bucket")
         bucket = _BUCKETS.get(bucket_name) if bucket_name else None
         if bucket_name and bucket is None:

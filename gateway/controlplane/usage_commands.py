@@ -33,7 +33,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("usage", help="summarise usage records: requests, tokens and cost per group")
     p.add_argument("--since", default="24h", help="start: a duration ago (30m, 24h, 7d) or a timestamp (24h)")
     p.add_argument("--until", help="end: a duration ago or a timestamp (now)")
-    p.add_argument("--by", choices=["principal", "model", "key", "backend"], default="principal")
+    p.add_argument("--by", choices=["principal", "model", "key", "backend", "tag"], default="principal")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     finish_command(p, _cmd_usage)
 

@@ -5,6 +5,9 @@ check (402), the rate limits (429), and a request id. ``finish`` runs once the a
 ended: it reads the usage from the response's tail, settles the token reservation, adds the spend to the
 principal's budget, and pushes one usage record to the control worker. I/O: none (shared memory only).
 
+The request path sets ``Exchange.tag`` to the deciding routing rule's tag; the record carries it, cut to
+what fits the ring's slot (``gateway.usage_record.fit_tag``).
+
 Tokens counted for a request: what the engine reported; for a successful answer without usage (a stream
 whose client opted out of usage, a cut stream) the estimate reserved before dispatch; for an error
 answer nothing.
@@ -21,7 +24,7 @@ from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.snapshot import KeyEntry, Route
-from gateway.usage_record import encode_fields
+from gateway.usage_record import encode_fields, fit_tag
 
 __all__ = ["Accounting", "Exchange"]
 
@@ -41,6 +44,7 @@ class Exchange:
     started: float  # perf_counter
     headers: list[tuple[str, str]]
     client_request_id: str | None = None
+    tag: str | None = None  # the routing rule's usage tag, set by the request path once decided
 
 
 class Accounting:
@@ -48,6 +52,7 @@ class Accounting:
         self.limiter = limiter
         self.budgets = budgets
         self.usage = usage
+        self.max_record = usage.ring.max_record if usage is not None else 0
 
     def admit(
         self,
@@ -106,25 +111,27 @@ class Accounting:
         if budget is not None and self.budgets is not None:
             budget_key = self.budgets.charge(budget, now, total, cost)
         if self.usage is not None:
-            self.usage.push(
-                encode_fields(
-                    ex.request_id,
-                    now,
-                    ex.key.principal.id,
-                    ex.key.id,
-                    ex.model,
-                    backend,
-                    status,
-                    prompt,
-                    completion,
-                    cached,
-                    total,
-                    source,
-                    cost,
-                    round((ended - ex.started) * 1000, 3),
-                    None if tap.started is None else round((tap.started - ex.started) * 1000, 3),
-                    budget_key,
-                    ex.client_request_id,
-                    attempts,
-                )
+            record = encode_fields(
+                ex.request_id,
+                now,
+                ex.key.principal.id,
+                ex.key.id,
+                ex.model,
+                backend,
+                status,
+                prompt,
+                completion,
+                cached,
+                total,
+                source,
+                cost,
+                round((ended - ex.started) * 1000, 3),
+                None if tap.started is None else round((tap.started - ex.started) * 1000, 3),
+                budget_key,
+                ex.client_request_id,
+                attempts,
+                ex.tag,
             )
+            if ex.tag is not None and len(record) > self.max_record:
+                record = fit_tag(record, self.max_record)
+            self.usage.push(record)

@@ -262,6 +262,7 @@ class ProxyApp:
         if accounting is None or exchange is None:
             await self.run_guarded(proto, forwarder.forward(proto, out, targets))
             return
+        exchange.tag = decision.tag
         if (
             info.stream
             and not info.stream_options

@@ -633,6 +633,8 @@ def test_dump_then_parse_round_trips() -> None:
         roles=doc.roles,
         principals=(*doc.principals, limited, quoted),
         keys=(*doc.keys, key),
+        pools=doc.pools,
+        fallback=doc.fallback,
     )
     text = dump_config(doc, "header line\nsecond")
     assert text.startswith("# header line\n# second\n")

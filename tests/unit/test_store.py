@@ -36,8 +36,10 @@ from gateway.controlplane.store import (
     open_store,
 )
 from gateway.controlplane.store._migrate import Migration, split_statements
+from gateway.controlplane.store._postgres import PostgresDriver
 from gateway.errors import ConfigError
 from gateway.keys import hash_secret
+from gateway.usage_record import UsageRecord
 
 HASH_KEY = bytes(range(32))
 SECRET = "sk-gw-imported-secret-0001"
@@ -237,6 +239,52 @@ def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Sett
     with _raw(settings) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
     assert versions == [m.version for m in available_migrations()]
+
+
+def _driver(settings: Settings) -> SqliteDriver | PostgresDriver:
+    if settings.database is not None:
+        return PostgresDriver(settings.database)
+    settings.sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    return SqliteDriver(settings.sqlite_path)
+
+
+def _usage(i: int, tag: str | None = None, status: int = 200) -> UsageRecord:
+    return UsageRecord(
+        f"req-{i}", 1_800_000_000.0 + i, "p1", "k1", "chat", "a", status, 4, 6, 0, 10, "reported", 1000,
+        1.5, 1.0, None, None, 1, tag,
+    )  # fmt: skip
+
+
+def test_usage_tags_are_stored_and_grouped_also_for_rows_from_before_them(settings: Settings) -> None:
+    driver = _driver(settings)
+    try:  # a store at migration 8 holding a record written before tags existed
+        apply_migrations(driver, [m for m in available_migrations() if m.version <= 8])
+        with driver.transaction(write=True) as tx:
+            tx.execute(
+                "INSERT INTO usage_records (request_id, ts, principal_id, key_id, model, backend, status, "
+                "prompt_tokens, completion_tokens, cached_tokens, total_tokens, usage_source, cost_nanos, "
+                "latency_ms, ttfb_ms, budget_key, client_request_id, attempts) "
+                "VALUES ('req-0', 1800000000.0, 'p1', 'k1', 'chat', 'a', 200, 4, 6, 0, 10, 'reported', 1000, "
+                "1.5, 1.0, NULL, NULL, 1)"
+            )
+    finally:
+        driver.close()
+    with open_store(settings) as store:
+        store.usage.insert([_usage(1, "red-team"), _usage(2, "red-team", 500), _usage(3, "x" * 500)])
+        assert {r.request_id: r.tag for r in store.usage.records()} == {
+            "req-0": None,
+            "req-1": "red-team",
+            "req-2": "red-team",
+            "req-3": "x" * 500,
+        }
+        groups = store.usage.summary(1_700_000_000.0, 1_900_000_000.0, "tag")
+        assert {g.group: (g.requests, g.errors, g.total_tokens) for g in groups} == {
+            "-": (1, 0, 10),
+            "red-team": (2, 1, 20),
+            "x" * 500: (1, 0, 10),
+        }
+        hourly = store.usage.summary(1_700_000_000.0, 1_900_000_000.0, "tag", 3600)
+        assert {(g.group, g.requests) for g in hourly} == {("-", 1), ("red-team", 2), ("x" * 500, 1)}
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,19 @@ from gateway.budget import period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage_sink import UsageSink
+from gateway.dataplane.accounting import Accounting
+from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.snapshot import KeyEntry, Principal, Route
+from gateway.supervisor.commands import RING_SLOT_BYTES
 from gateway.usage_record import (
     UsageRecord,
+    access_line,
     decode_record,
     encode_fields,
     encode_record,
+    fit_tag,
     to_signed64,
     to_unsigned64,
 )
@@ -83,17 +89,96 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
-    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2)
+    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team")
+    assert orjson.loads(encode_record(r))[0] == 4
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
-    assert r.row()[-3] == -5 and to_unsigned64(r.row()[-3]) == 2**64 - 5 and r.row()[-2:] == ("trace-7", 2)
+    assert decode_record(encode_record(r._replace(tag=None))).tag is None
+    row = r.row()
+    assert row[-4] == -5 and to_unsigned64(row[-4]) == 2**64 - 5 and row[-3:] == ("trace-7", 2, "red-team")
 
 
 def test_older_records_still_decode() -> None:
-    r = rec(1, client_request_id="c")
+    r = rec(1, client_request_id="c", attempts=3, tag="t")
     v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
-    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1)
-    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1)
+    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None)
+    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None)
+    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None)
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([3, *r]))  # a version 3 record has no tag
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([4, *r[:18]]))  # and a version 4 record has one, if only null
+
+
+def longest(tag: str | None) -> UsageRecord:
+    """A record whose other fields are as long as they may be: 200-character names, a 128-character
+    client request id made of characters JSON escapes."""
+    return rec(
+        1,
+        principal="p" * 16,
+        request_id="r" * 24,
+        ts=1_800_000_000.123456,
+        key_id="k" * 16,
+        model="m" * 200,
+        backend="b" * 200,
+        budget_key=2**64 - 1,
+        client_request_id='"\\' * 64,
+        cost_nanos=10**15,
+        latency_ms=123456.789,
+        ttfb_ms=123456.789,
+        attempts=12,
+        tag=tag,
+    )
+
+
+def test_a_long_tag_is_cut_to_fit_the_ring_slot() -> None:
+    limit = RING_SLOT_BYTES - 8
+    short = encode_record(longest("red-team"))
+    assert len(short) <= limit and fit_tag(short, limit) is short  # what fits is left alone
+    for tag in ("t" * 500, "é" * 500, '"' * 500, "\x01" * 500):
+        data = encode_record(longest(tag))
+        assert len(data) > limit
+        fitted = fit_tag(data, limit)
+        assert len(fitted) <= limit
+        got = decode_record(fitted)
+        assert got == longest(got.tag)  # only the tag changed
+        assert got.tag and tag.startswith(got.tag)
+        assert len(encode_record(longest(tag[: len(got.tag) + 1]))) > limit  # and it was cut no further
+    no_room = encode_record(longest("t" * 500))
+    assert decode_record(fit_tag(no_room, len(no_room) - 500)).tag is None
+    untagged = encode_record(longest(None))
+    assert fit_tag(untagged, 10) is untagged  # too long without a tag: for the ring to refuse
+
+
+def test_access_line_has_the_tag_only_when_set() -> None:
+    assert "tag" not in orjson.loads(access_line(rec(1)))
+    assert orjson.loads(access_line(rec(1, tag="red-team"), "alice"))["tag"] == "red-team"
+
+
+@pytest.mark.parametrize("tag", [None, "red-team", "t" * 500])
+def test_finish_records_the_exchange_tag(tag: str | None) -> None:
+    ring = UsageRing.create_layout(bytearray(ring_region_size(1, 4, RING_SLOT_BYTES)), 1, 4, RING_SLOT_BYTES)
+    accounting = Accounting(None, None, UsageLog(ring, 0))
+    principal = Principal("p1", "alice", True, frozenset())
+    ex = accounting.admit(
+        KeyEntry("k1", principal, None),
+        "m" * 200,
+        Route("chat", "chat", "frontend", ()),
+        40,
+        8,
+        512,
+        "c" * 128,
+    )
+    assert ex is not None and ex.tag is None
+    ex.tag = tag
+    accounting.finish(ex, ResponseTap(None, []), 502, "b" * 200, 2)
+    (data,) = ring.read(0)
+    got = decode_record(data)
+    assert (got.model, got.client_request_id, got.status, got.attempts) == ("m" * 200, "c" * 128, 502, 2)
+    if tag is None or len(tag) < 100:
+        assert got.tag == tag
+    else:  # cut to what fits the slot
+        assert got.tag and tag.startswith(got.tag) and len(got.tag) < len(tag)
 
 
 @pytest.mark.parametrize(

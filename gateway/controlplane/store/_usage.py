@@ -18,10 +18,10 @@ __all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
-    "client_request_id, attempts"
+    "client_request_id, attempts, tag"
 )
 _INSERT = (
-    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 18)}) "
+    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 19)}) "
     "ON CONFLICT (request_id) DO NOTHING"
 )
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
@@ -100,13 +100,15 @@ class UsageStore:
         return [SpendRow(r[0], to_unsigned64(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in rows]
 
     def summary(self, start: float, end: float, by: str, bucket: int | None = None) -> list[UsageSummaryRow]:
-        """Totals for records that ended in [start, end), grouped by principal name, key, model or backend,
-        and by time bucket of ``bucket`` seconds (aligned to the Unix epoch) when given."""
+        """Totals for records that ended in [start, end), grouped by principal name, key, model, backend or
+        usage tag (``-`` for none), and by time bucket of ``bucket`` seconds (aligned to the Unix epoch)
+        when given."""
         group = {
             "principal": "COALESCE(p.name, u.principal_id)",
             "key": "u.key_id",
             "model": "u.model",
             "backend": "COALESCE(u.backend, '-')",
+            "tag": "COALESCE(u.tag, '-')",
         }.get(by)
         if group is None:
             raise ValueError(f"cannot group usage by {by!r}")
@@ -143,5 +145,6 @@ class UsageStore:
         with self._driver.transaction(write=False) as tx:
             rows = tx.query(sql + " ORDER BY ts DESC, request_id LIMIT ?", [*params, limit])
         return [
-            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17]]) for r in rows
+            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18]])
+            for r in rows
         ]

@@ -12,7 +12,7 @@ const RANGES = {
   "7d": { label: "Last 7 days", bucket: "hour", step: 3600 },
   "30d": { label: "Last 30 days", bucket: "day", step: 86400 },
 };
-const GROUPINGS = ["principal", "model", "key", "backend"];
+const GROUPINGS = ["principal", "model", "key", "backend", "tag"];
 const MAX_SERIES = 8; // the rest are added up as "other"
 
 function pad(n) {
