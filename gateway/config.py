@@ -37,6 +37,9 @@ class Settings:
     database: str | None = None  # None: SQLite file under data_dir
     grace_period: float = 30.0  # seconds SIGTERM waits for in-flight requests and streams
     backend_cool_down: float = 5.0  # seconds a backend that failed 3 times in a row is skipped; 0: never
+    event_loop: str = field(
+        default_factory=lambda: os.environ.get("GATEWAY_EVENT_LOOP", "uvloop")
+    )  # or asyncio
     engine_scrape_interval: float = 2.0  # seconds between reads of the backends' /metrics and probes; 0: off
     drain_delay: float = 0.0  # seconds /readyz says 503 before the listener closes (behind a load balancer)
     max_body_bytes: int = 32 * 1024 * 1024

@@ -80,6 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds a backend that failed 3 times in a row is skipped (5; 0 turns passive health off)",
     )
     p.add_argument(
+        "--event-loop",
+        choices=("uvloop", "asyncio"),
+        help="proxy workers' event loop (uvloop; env GATEWAY_EVENT_LOOP)",
+    )
+    p.add_argument(
         "--engine-scrape-interval",
         type=float,
         help="seconds between reads of each backend's /metrics and health probes (2; 0 turns them off)",

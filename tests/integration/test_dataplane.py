@@ -231,3 +231,21 @@ def test_client_disconnect_cancels_the_upstream_stream(
     )
     stats = httpx.get(engine.url + "/mock/stats").json()
     assert stats["in_flight"] == 0
+
+
+def test_asyncio_event_loop_still_serves(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """uvloop is the default; ``--event-loop asyncio`` runs the same request path on asyncio's loop."""
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=1, extra=("--event-loop", "asyncio"))
+    try:
+        key = gw.create_key("alice")
+        wait_for_key(gw, key)
+        for stream in (False, True):
+            r = httpx.post(
+                gw.url + "/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": stream},
+                timeout=30,
+            )
+            assert r.status_code == 200 and ("[DONE]" in r.text) is stream
+    finally:
+        gw.stop()
