@@ -40,7 +40,7 @@ test: venv system-deps lint typecheck
 
 bench: venv
 	./scripts/system-deps.sh bench
-	$(BIN)/python -m perf.bench
+	$(BIN)/python -m perf.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info gateway/_gateway_native* var

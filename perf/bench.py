@@ -1,10 +1,12 @@
-"""``python -m perf.bench``: the single-host benchmark, every target measured side by side in one run.
+"""``python -m perf.bench``: the single-host benchmark suite, every target measured side by side in one run.
 
-An nginx mock engine answers a fixed chat.completion; wrk POSTs small non-streamed chat requests to it
-directly, through a plain nginx reverse proxy, and through the gateway, at each connection count. Per
-cell: req/s, latency percentiles, error counts, the proxy's CPU µs per request and its peak RSS. Prints a
-Markdown table and writes perf/results/latest.json and latest.md (see perf/README.md).
-I/O: subprocesses (nginx, the gateway, wrk), a temp directory, /proc, the results files.
+Starts its own upstreams (an nginx mock engine, and the project's Python mock engine for streams), the
+targets (direct, a plain nginx reverse proxy, the gateway with and without its per-request features, and
+LiteLLM when installed) and load generators (wrk; ``perf.streams`` for SSE), runs every selected scenario
+(``perf/scenarios.py``) against every target it applies to, and tears all of it down. Per cell: throughput,
+latency percentiles up to p99.9, time to first byte for streams, errors and stalls, the proxy's CPU µs per
+request and its peak memory. Prints Markdown and writes perf/results/latest.{json,md} and PNG plots.
+I/O: subprocesses, a temp directory, /proc, the results files.
 """
 
 from __future__ import annotations
@@ -31,84 +33,117 @@ from typing import Any
 
 from perf.loadgen import WrkResult, run_wrk, write_script, wrk_version
 from perf.nginx import nginx_version
+from perf.scenarios import ALL_TARGETS, GROUPS, Scenario, build_scenarios, select
 from perf.targets import (
-    BENCH_KEY,
-    BENCH_MODEL,
     CLK_TCK,
     ROOT,
     GatewayService,
+    LiteLLMService,
+    MockEngineService,
     NginxService,
     Service,
     http_request,
     machine_cpu_ticks,
 )
 
-__all__ = ["main"]
-
-# gateway: rate limits, a budget, prices and usage records on every request; gateway-bare: all of it off.
-TARGETS = ("direct", "nginx", "gateway", "gateway-bare")
-REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
-PATH = "/v1/chat/completions"
-REQUEST_BODY = json.dumps(
-    {"model": BENCH_MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16},
-    separators=(",", ":"),
-).encode()
-REQUEST_HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {BENCH_KEY}"}
-
-
-@dataclass(slots=True)
-class Target:
-    """Where wrk sends requests, and which processes count as the proxy (none for ``direct``)."""
-
-    name: str
-    port: int
-    proxy: Service | None
+__all__ = ["Cell", "Run", "main"]
 
 
 @dataclass(slots=True)
 class Cell:
-    """One target under one scenario. CPU figures are CPU seconds per wall second (cores in use)."""
+    """One target under one scenario. CPU figures are CPU seconds per wall second (cores in use).
+
+    Exactly one of ``wrk`` (whole responses) and ``streams`` (``perf.streams``' summary) is set."""
 
     scenario: str
     target: str
-    wrk: WrkResult
+    wrk: WrkResult | None = None
+    streams: dict[str, Any] | None = None
     round: int = 0
-    cpu_us_per_request: float | None = None
+    cpu_us_per_request: float | None = None  # per completed stream for stream scenarios
     proxy_cpu_cores: float | None = None
-    peak_rss_mib: float | None = None  # sum of VmHWM over the proxy's processes
+    peak_rss_mib: float | None = None  # sum over the proxy's processes of their peak RSS during the cell
     pss_mib: float | None = None  # sum of PSS at the end of the cell: shared pages counted once
     proxy_cpu_s_by_process: dict[str, float] = field(default_factory=dict)  # "role:pid" -> CPU seconds
     upstream_cpu_cores: float = 0.0  # shows whether the mock engine could have been the bottleneck
-    wrk_cpu_cores: float = 0.0
+    upstream_peak_rss_mib: float = 0.0
+    loadgen_cpu_cores: float = 0.0  # wrk or perf.streams
     machine_busy_cores: float = 0.0  # everything on the machine, other users included
     machine_steal_cores: float = 0.0
 
     @property
+    def rps(self) -> float:
+        """Requests (wrk: every answer, 429s included) or complete streams per second."""
+        if self.wrk is not None:
+            return self.wrk.rps
+        return float(self.streams["streams_per_s"]) if self.streams else 0.0
+
+    @property
+    def latency_ms(self) -> dict[str, float]:
+        """Percentiles of whole-response (or whole-stream) latency: "50.0", ..., "99.99", "max"."""
+        if self.wrk is not None:
+            return self.wrk.percentiles_ms
+        return dict(self.streams["total_ms"]) if self.streams else {}
+
+    @property
+    def served(self) -> int:
+        if self.wrk is not None:
+            return self.wrk.requests
+        return int(self.streams["complete"]) if self.streams else 0
+
+    @property
     def other_cores(self) -> float:
-        """Machine CPU use not charged to the proxy, the mock engine or wrk: kernel network work done in
-        softirq context, this script, and anything else running on the machine (other people's tests)."""
-        ours = (self.proxy_cpu_cores or 0.0) + self.upstream_cpu_cores + self.wrk_cpu_cores
+        """Machine CPU use not charged to the proxy, the upstream or the load generator: kernel network work
+        done in softirq context, this script, and anything else running on the machine."""
+        ours = (self.proxy_cpu_cores or 0.0) + self.upstream_cpu_cores + self.loadgen_cpu_cores
         return max(0.0, self.machine_busy_cores - ours)
 
+    def problems(self, refused_expected: bool) -> list[str]:
+        """What makes this cell a failure: errors, or for streams incomplete or stalled ones."""
+        out = []
+        if self.wrk is not None:
+            if self.wrk.socket_errors:
+                out.append(f"{self.wrk.socket_errors} socket errors")
+            if self.wrk.non_2xx and not refused_expected:
+                out.append(f"{self.wrk.non_2xx} non-2xx answers")
+        elif self.streams is not None:
+            for key in ("incomplete", "stalls"):
+                if self.streams.get(key):
+                    out.append(f"{self.streams[key]} {key} streams")
+        return out
+
     def as_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "wrk"}
-        return {**d, "other_cores": self.other_cores, **self.wrk.as_dict()}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("wrk", "streams")}
+        d["other_cores"] = self.other_cores
+        if self.wrk is not None:
+            return {**d, "loadgen": "wrk", **self.wrk.as_dict()}
+        return {**d, "loadgen": "perf.streams", **(self.streams or {})}
 
 
 @dataclass(slots=True)
 class Run:
     args: argparse.Namespace
+    scenarios: list[Scenario]
     cells: list[Cell] = field(default_factory=list)
-    failures: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # "target" or "scenario/target" -> why
+    unavailable: dict[str, str] = field(default_factory=dict)  # optional targets not installed
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m perf.bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="3 s cells, 1 s warm-up (for development)")
-    p.add_argument("-d", "--duration", type=int, help="seconds per measured cell (10; --quick: 3)")
+    p.add_argument("--quick", action="store_true", help="3 s cells, 1 s warm-up, shorter slow streams")
+    p.add_argument("-d", "--duration", type=int, help="seconds per measured cell (7; --quick: 3)")
     p.add_argument("--warmup", type=int, help="seconds of unmeasured load before each cell (2; --quick: 1)")
-    p.add_argument("-c", "--connections", default="8,64", help="comma-separated connection counts (8,64)")
+    p.add_argument(
+        "-c", "--connections", default="8,64", help="connection counts of the small-request scenarios (8,64)"
+    )
     p.add_argument("-t", "--threads", type=int, default=2, help="wrk threads (2)")
+    p.add_argument(
+        "--scenarios",
+        default="all",
+        help=f"comma-separated scenario names or groups ({','.join(GROUPS)}), or all (all); see --list",
+    )
+    p.add_argument("--list", action="store_true", help="print the scenarios and exit")
     p.add_argument(
         "--rounds",
         type=int,
@@ -116,21 +151,46 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="measure every target this many times, interleaved; tables show each one's median (1)",
     )
     p.add_argument(
-        "--targets", default=",".join(TARGETS), help=f"comma-separated subset of {','.join(TARGETS)}"
+        "--targets", default=",".join(ALL_TARGETS), help=f"comma-separated subset of {','.join(ALL_TARGETS)}"
     )
     p.add_argument(
-        "--workers", type=int, default=2, help="gateway proxy workers and nginx worker_processes (2)"
+        "--workers", type=int, default=2, help="gateway/LiteLLM workers and nginx worker_processes (2)"
+    )
+    p.add_argument("--stream-connections", type=int, default=32, help="stream-256: connections (32)")
+    p.add_argument("--slow-streams", type=int, help="slow-streams: concurrent streams (2000)")
+    p.add_argument("--slow-tokens", type=int, help="slow-streams: tokens per stream (40; --quick: 15)")
+    p.add_argument(
+        "--token-delay", type=float, default=0.2, help="slow-streams: seconds between tokens (0.2)"
+    )
+    p.add_argument(
+        "--stall-after", type=float, default=2.0, help="a gap in a stream this long is a stall (2)"
     )
     p.add_argument("--results-dir", type=Path, default=ROOT / "perf" / "results", help="where latest.* go")
-    p.add_argument("--no-save", action="store_true", help="print the table only; leave perf/results alone")
+    p.add_argument("--no-save", action="store_true", help="print the tables only; leave perf/results alone")
+    p.add_argument("--no-plots", action="store_true", help="write no PNGs")
     args = p.parse_args(argv)
-    args.duration = args.duration or (3 if args.quick else 10)
+    args.duration = args.duration or (3 if args.quick else 7)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     args.connections = [int(c) for c in str(args.connections).split(",") if c]
     args.targets = [t for t in str(args.targets).split(",") if t]
-    unknown = set(args.targets) - set(TARGETS)
+    args.slow_streams = args.slow_streams or 2000
+    args.slow_tokens = args.slow_tokens or (15 if args.quick else 40)
+    unknown = set(args.targets) - set(ALL_TARGETS)
     if unknown:
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
+    wanted = [w for w in str(args.scenarios).split(",") if w]
+    everything = build_scenarios(
+        args.connections,
+        stream_connections=args.stream_connections,
+        slow_streams=args.slow_streams,
+        slow_tokens=args.slow_tokens,
+        slow_token_delay=args.token_delay,
+        stall_after_s=args.stall_after,
+    )
+    try:
+        args.selected = everything if wanted == ["all"] else select(everything, wanted)
+    except ValueError as exc:
+        p.error(str(exc))
     return args
 
 
@@ -138,79 +198,170 @@ def _raise_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop every process
 
 
-def check_target(target: Target) -> None:
-    """One request before measuring: a target that answers errors would only measure its error path."""
-    status, body = http_request(target.port, "POST", PATH, REQUEST_BODY, REQUEST_HEADERS)
-    if status != 200 or b'"choices"' not in body:
-        raise RuntimeError(f"{target.name}: POST {PATH} answered {status}: {body[:300]!r}")
+@dataclass(slots=True)
+class Fleet:
+    """Every started process. ``endpoint`` finds where a target listens for a scenario's upstream."""
+
+    upstreams: dict[str, Service] = field(default_factory=dict)  # "nginx", "engine"
+    proxies: dict[tuple[str, str], Service] = field(default_factory=dict)  # (target, upstream)
+
+    def endpoint(self, target: str, upstream: str) -> tuple[int, Service | None] | None:
+        if target == "direct":
+            up = self.upstreams.get(upstream)
+            return (up.port, None) if up else None
+        proxy = self.proxies.get((target, upstream))
+        return (proxy.port, proxy) if proxy else None
 
 
 @contextlib.contextmanager
-def started_targets(workdir: Path, run: Run) -> Iterator[tuple[NginxService, list[Target]]]:
-    """Start the upstream and every requested target; stop all of them, whatever happens."""
+def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
+    """Start the upstreams and every target the selected scenarios need; stop all of them, whatever
+    happens. A target that fails to start is recorded in ``run.failures`` and left out."""
+    args = run.args
+    fleet = Fleet()
     services: list[Service] = []
+    wanted = {t for s in run.scenarios for t in s.targets} & set(args.targets)
+    upstream_kinds = sorted({s.upstream for s in run.scenarios})
     try:
-        upstream = NginxService.upstream(workdir)
-        services.append(upstream)
-        upstream.start()
-        targets: list[Target] = []
-        for name in run.args.targets:
-            service: Service | None = None
+        nginx_up = NginxService.upstream(workdir)  # the gateway's config names it whatever runs
+        services.append(nginx_up)
+        nginx_up.start()
+        fleet.upstreams["nginx"] = nginx_up
+        engine: MockEngineService | None = None
+        if "engine" in upstream_kinds:
+            engine = MockEngineService(workdir)
+            services.append(engine)
+            engine.start()
+            fleet.upstreams["engine"] = engine
+        engine_url = engine.url if engine else None
+        for name in (t for t in ALL_TARGETS if t in wanted and t != "direct"):
             try:
                 if name == "nginx":
-                    service = NginxService.proxy(workdir, upstream.port, workers=run.args.workers)
-                elif name in ("gateway", "gateway-bare"):
-                    service = GatewayService(
-                        workdir, upstream.url, workers=run.args.workers, accounted=name == "gateway"
+                    for kind in upstream_kinds:
+                        label = "nginx" if kind == "nginx" else "nginx-sse"
+                        up_port = fleet.upstreams[kind].port
+                        svc: Service = NginxService.proxy(
+                            workdir, up_port, workers=args.workers, name=label, streaming=kind == "engine"
+                        )
+                        services.append(svc)
+                        svc.start()
+                        fleet.proxies[(name, kind)] = svc
+                    continue
+                if name == "litellm":
+                    if not LiteLLMService.available():
+                        run.unavailable[name] = "not installed"
+                        continue
+                    svc = LiteLLMService(workdir, nginx_up.url, engine_url, workers=args.workers)
+                else:
+                    svc = GatewayService(
+                        workdir,
+                        nginx_up.url,
+                        args.workers,
+                        accounted=name == "gateway",
+                        engine_url=engine_url,
                     )
-                if service is not None:
-                    services.append(service)
-                    service.start()
-                target = Target(name, service.port if service else upstream.port, service)
-                check_target(target)
-                targets.append(target)
+                services.append(svc)
+                svc.start()
+                for kind in upstream_kinds:
+                    fleet.proxies[(name, kind)] = svc
             except (RuntimeError, TimeoutError, OSError) as exc:
                 run.failures[name] = str(exc)
                 print(f"!! {name} not measured: {exc}", file=sys.stderr)
-        yield upstream, targets
+        yield fleet
     finally:
         for service in reversed(services):
             service.stop()
 
 
+def check(scenario: Scenario, port: int) -> None:
+    """One request before measuring: a target that answers errors would only measure its error path."""
+    status, body = http_request(port, "POST", scenario.path, scenario.body, scenario.headers)
+    if scenario.refused_expected and status == 429:
+        return
+    if status != 200 or scenario.check_marker not in body:
+        raise RuntimeError(f"POST {scenario.path} answered {status}: {body[:300]!r}")
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_streams(scenario: Scenario, url: str, body_file: Path, duration: float) -> dict[str, Any]:
+    """``python -m perf.streams`` in its own process (its CPU is then the load generator's, as wrk's)."""
+    argv = [sys.executable, "-m", "perf.streams", url, "--body", f"@{body_file}"]
+    argv += [
+        x for k, v in scenario.headers.items() if k.lower() != "content-type" for x in ("-H", f"{k}: {v}")
+    ]
+    argv += ["--expect-tokens", str(scenario.expect_tokens), "--stall-after", str(scenario.stall_after_s)]
+    if scenario.itl:
+        argv.append("--itl")
+    if scenario.burst:
+        argv += ["--streams", str(scenario.connections), "--ramp", str(scenario.ramp_s)]
+        expected = scenario.ramp_s + scenario.expect_tokens * scenario.token_delay
+    else:
+        argv += ["-c", str(scenario.connections), "-d", str(duration)]
+        expected = duration
+    timeout = 3 * expected + 60
+    argv += ["--timeout", str(timeout - 10)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError(f"perf.streams printed nothing (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
 def measure(
-    target: Target, upstream: NginxService, script: Path, connections: int, args: argparse.Namespace
+    scenario: Scenario,
+    target: str,
+    port: int,
+    proxy: Service | None,
+    upstream: Service,
+    workdir: Path,
+    args: argparse.Namespace,
 ) -> Cell:
-    """Warm up, then one measured wrk run with /proc samples of the proxy, the upstream and the machine
-    taken just before and just after it."""
-    url = f"http://127.0.0.1:{target.port}{PATH}"
-    if args.warmup > 0:
-        run_wrk(url, script, connections, args.warmup, args.threads)
-    proxy_tree = target.proxy.tree() if target.proxy else None
+    """Warm up, then one measured run with /proc samples of the proxy, the upstream and the machine taken
+    just before and just after it; peak RSS is reset before it, so the figure is this cell's."""
+    url = f"http://127.0.0.1:{port}{scenario.path}"
+    script = workdir / f"{scenario.name}.lua"
+    body_file = workdir / f"{scenario.name}.json"
+    if not script.exists():
+        write_script(script, scenario.body, scenario.headers)
+        body_file.write_bytes(scenario.body)
+    if args.warmup > 0 and not scenario.burst:
+        if scenario.loadgen == "wrk":
+            run_wrk(url, script, scenario.connections, args.warmup, args.threads)
+        else:
+            run_streams(scenario, url, body_file, args.warmup)
+    proxy_tree = proxy.tree() if proxy else None
     up_tree = upstream.tree()
+    for tree in (proxy_tree, up_tree):
+        if tree is not None:
+            tree.reset_peaks()
     before = proxy_tree.sample() if proxy_tree else None
-    up_before, busy_before, wrk_before = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
+    up_before, busy_before, load_before = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
     started = time.monotonic()
-    result = run_wrk(url, script, connections, args.duration, args.threads)
+    cell = Cell(scenario.name, target)
+    if scenario.loadgen == "wrk":
+        cell.wrk = run_wrk(url, script, scenario.connections, args.duration, args.threads)
+    else:
+        cell.streams = run_streams(scenario, url, body_file, args.duration)
     wall = time.monotonic() - started
-    up_after, busy_after, wrk_after = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
+    up_after, busy_after, load_after = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
     after = proxy_tree.sample() if proxy_tree else None
-    cell = Cell(
-        f"c{connections}",
-        target.name,
-        result,
-        upstream_cpu_cores=up_after.cpu_seconds_since(up_before) / wall,
-        wrk_cpu_cores=(wrk_after - wrk_before) / wall,  # the only child reaped in between is wrk
-        machine_busy_cores=(busy_after[0] - busy_before[0]) / CLK_TCK / wall,
-        machine_steal_cores=(busy_after[1] - busy_before[1]) / CLK_TCK / wall,
-    )
-    if target.proxy is not None and before is not None and after is not None:
+    cell.upstream_cpu_cores = up_after.cpu_seconds_since(up_before) / wall
+    cell.upstream_peak_rss_mib = up_after.peak_rss_bytes / 2**20
+    cell.loadgen_cpu_cores = (load_after - load_before) / wall  # the only child reaped in between
+    cell.machine_busy_cores = (busy_after[0] - busy_before[0]) / CLK_TCK / wall
+    cell.machine_steal_cores = (busy_after[1] - busy_before[1]) / CLK_TCK / wall
+    if proxy is not None and before is not None and after is not None:
         cpu = after.cpu_seconds_since(before)
-        cell.cpu_us_per_request = cpu * 1e6 / result.requests if result.requests else None
+        cell.cpu_us_per_request = cpu * 1e6 / cell.served if cell.served else None
         cell.proxy_cpu_cores = cpu / wall
         cell.peak_rss_mib = after.peak_rss_bytes / 2**20
         cell.pss_mib = after.pss_bytes / 2**20
-        labels = target.proxy.process_labels()
+        labels = proxy.process_labels()
         by_pid = after.cpu_seconds_by_pid(before)
         cell.proxy_cpu_s_by_process = {
             f"{labels.get(pid, 'gone')}:{pid}": round(seconds, 3) for pid, seconds in sorted(by_pid.items())
@@ -218,9 +369,37 @@ def measure(
     return cell
 
 
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def run_scenarios(run: Run, fleet: Fleet, workdir: Path) -> None:
+    """Targets interleave within a scenario, so that each ratio compares neighbouring minutes."""
+    args = run.args
+    for scenario in run.scenarios:
+        upstream = fleet.upstreams[scenario.upstream]
+        if isinstance(upstream, MockEngineService):
+            upstream.configure(token_delay=0.0)  # the check request must not trickle
+        ready: list[tuple[str, int, Service | None]] = []
+        for target in (t for t in scenario.targets if t in args.targets):
+            found = fleet.endpoint(target, scenario.upstream)
+            if found is None:
+                continue  # not started: its failure or absence is already recorded
+            try:
+                check(scenario, found[0])
+                ready.append((target, *found))
+            except (RuntimeError, OSError) as exc:
+                run.failures[f"{scenario.name}/{target}"] = str(exc)
+                print(f"!! {scenario.name}/{target} not measured: {exc}", file=sys.stderr)
+        if isinstance(upstream, MockEngineService):
+            upstream.configure(token_delay=scenario.token_delay)
+        for round_ in range(args.rounds):
+            for target, port, proxy in ready:
+                try:
+                    cell = measure(scenario, target, port, proxy, upstream, workdir, args)
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+                    run.failures[f"{scenario.name}/{target}"] = str(exc)
+                    print(f"!! {scenario.name}/{target}: {exc}", file=sys.stderr)
+                    continue
+                cell.round = round_
+                run.cells.append(cell)
+                _progress(cell)
 
 
 def machine_info() -> dict[str, Any]:
@@ -234,7 +413,7 @@ def machine_info() -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError, IndexError):
         mem_kib = int(Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1])
     versions = {"python": platform.python_version(), "nginx": nginx_version(), "wrk": wrk_version()}
-    for pkg in ("granian", "aiohttp"):
+    for pkg in ("granian", "aiohttp", "uvloop", "litellm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
     return {
@@ -259,95 +438,6 @@ def _git_revision() -> str:
         return "unknown"
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return "—" if value is None else format(value, fmt)
-
-
-def render_table(cells: Sequence[Cell]) -> str:
-    ref = {c.scenario: c for c in cells if c.target == REFERENCE}
-    head = (
-        "| conns | target | req/s | x nginx req/s | p50 ms | x nginx p50 | p90 ms | p99 ms | non-2xx "
-        "| socket errors | CPU µs/req | peak RSS MiB |"
-    )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for c in cells:
-        r = ref.get(c.scenario)
-        rps_ratio = c.wrk.rps / r.wrk.rps if r and r.wrk.rps else None
-        p50_ratio = c.wrk.p50_ms / r.wrk.p50_ms if r and r.wrk.p50_ms else None
-        lines.append(
-            f"| {c.wrk.connections} | {c.target} | {c.wrk.rps:,.0f} | {_num(rps_ratio, '.2f')}x "
-            f"| {c.wrk.p50_ms:.2f} | {_num(p50_ratio, '.2f')}x | {c.wrk.p90_ms:.2f} | {c.wrk.p99_ms:.2f} "
-            f"| {c.wrk.non_2xx} | {c.wrk.socket_errors} | {_num(c.cpu_us_per_request, '.1f')} "
-            f"| {_num(c.peak_rss_mib, '.1f')} |"
-        )
-    return "\n".join(lines)
-
-
-def medians(cells: Sequence[Cell]) -> list[Cell]:
-    """One cell per scenario and target: the median by req/s of its rounds, in first-seen order."""
-    groups: dict[tuple[str, str], list[Cell]] = {}
-    for c in cells:
-        groups.setdefault((c.scenario, c.target), []).append(c)
-    return [sorted(g, key=lambda c: c.wrk.rps)[(len(g) - 1) // 2] for g in groups.values()]
-
-
-def render_accounting(cells: Sequence[Cell]) -> str:
-    """What rate limits, a budget and usage records cost: the gateway with them against without them."""
-    bare = {c.scenario: c for c in cells if c.target == "gateway-bare"}
-    lines = []
-    for c in cells:
-        b = bare.get(c.scenario)
-        if c.target != "gateway" or b is None or not b.wrk.rps:
-            continue
-        cpu = (
-            f", CPU {c.cpu_us_per_request:.1f} vs {b.cpu_us_per_request:.1f} µs/req"
-            if c.cpu_us_per_request and b.cpu_us_per_request
-            else ""
-        )
-        lines.append(
-            f"- {c.wrk.connections} connections: {c.wrk.rps:,.0f} vs {b.wrk.rps:,.0f} req/s, "
-            f"{(1 - c.wrk.rps / b.wrk.rps) * 100:+.1f}% throughput cost{cpu}"
-        )
-    if not lines:
-        return ""
-    head = "Limits, budget and usage records on (gateway) against off (gateway-bare), same run:"
-    return "\n".join([head, "", *lines])
-
-
-def render_markdown(run: Run, meta: dict[str, Any]) -> str:
-    m = meta["machine"]
-    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
-    parts = [
-        "# Benchmark: single-host gateway",
-        "",
-        f"- date: {meta['date']}",
-        f"- command: `{meta['command']}`",
-        f"- machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}",
-        f"- versions: {versions}; git {m['git']}",
-        f"- load: wrk -t{run.args.threads}, {run.args.duration} s per cell after {run.args.warmup} s "
-        f"warm-up; POST {PATH}, {len(REQUEST_BODY)}-byte body, non-streamed; "
-        f"proxies run {run.args.workers} workers",
-        "",
-        render_table(medians(run.cells)),
-        "",
-    ]
-    if run.args.rounds > 1:
-        parts[-1:-1] = [f"Each row is the median (by req/s) of {run.args.rounds} interleaved rounds.", ""]
-    if accounting := render_accounting(medians(run.cells)):
-        parts += [accounting, ""]
-    if run.cells:
-        busiest = max(c.upstream_cpu_cores for c in run.cells)
-        other = max(c.other_cores for c in run.cells)
-        parts.append(
-            f"Mock engine (nginx, 1 worker) CPU use peaked at {busiest:.2f} cores in any cell; CPU used by"
-            f" neither the targets nor wrk (kernel softirq, other processes) peaked at {other:.2f} cores"
-            f" of {meta['machine']['nproc']}. Per-cell CPU, PSS and per-process figures are in latest.json."
-        )
-    for name, why in run.failures.items():
-        parts.append(f"\n**{name} not measured:**\n\n```\n{why.strip()[-2000:]}\n```")
-    return "\n".join(parts) + "\n"
-
-
 def _relative(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
@@ -356,10 +446,17 @@ def _relative(path: Path) -> str:
 
 
 def _progress(cell: Cell) -> None:
-    w = cell.wrk
+    lat = cell.latency_ms
+    cpu = "—" if cell.cpu_us_per_request is None else f"{cell.cpu_us_per_request:.1f}"
+    extra = ""
+    if cell.wrk is not None:
+        extra = f"non-2xx {cell.wrk.non_2xx}  socket errors {cell.wrk.socket_errors}"
+    elif cell.streams is not None:
+        s = cell.streams
+        extra = f"complete {s['complete']}/{s['streams']}  stalls {s['stalls']}  max open {s['max_open']}"
     print(
-        f"{cell.scenario:<5} {cell.target:<12} {w.rps:>9,.0f} req/s  p50 {w.p50_ms:.2f} ms"
-        f"  p99 {w.p99_ms:.2f} ms  non-2xx {w.non_2xx}  cpu {_num(cell.cpu_us_per_request, '.1f')} us/req",
+        f"{cell.scenario:<20} {cell.target:<12} {cell.rps:>9,.0f}/s  p50 {lat.get('50.0', 0):.2f} ms"
+        f"  p99 {lat.get('99.0', 0):.2f} ms  {extra}  cpu {cpu} us/req",
         file=sys.stderr,
         flush=True,
     )
@@ -367,42 +464,56 @@ def _progress(cell: Cell) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.list:
+        for s in args.selected:
+            print(f"{s.name:<22} [{s.group}] {s.what}; targets: {', '.join(s.targets)}")
+        return 0
+    from perf import report  # matplotlib, when present, is only imported there
+
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    run = Run(args)
+    # Thousands of concurrent streams need as many descriptors in the load generator and the proxies.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    run = Run(args, list(args.selected))
     command = shlex.join(["python", "-m", "perf.bench", *(sys.argv[1:] if argv is None else argv)])
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perf-bench-") as tmp:
         workdir = Path(tmp)
-        script = write_script(workdir / "chat.lua", REQUEST_BODY, REQUEST_HEADERS)
-        with started_targets(workdir, run) as (upstream, targets):
-            # Targets interleave within a scenario so that each ratio compares neighbouring minutes.
-            for connections in args.connections:
-                for round_ in range(args.rounds):
-                    for target in targets:
-                        cell = measure(target, upstream, script, connections, args)
-                        cell.round = round_
-                        run.cells.append(cell)
-                        _progress(cell)
+        with started_fleet(workdir, run) as fleet:
+            run_scenarios(run, fleet, workdir)
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
+        "elapsed_s": round(time.monotonic() - started, 1),
         "machine": machine_info(),
     }
-    md = render_markdown(run, meta)
+    md = report.render_markdown(run, meta)
     print(md)
     if not args.no_save:
         args.results_dir.mkdir(parents=True, exist_ok=True)
-        settings = {k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        settings = {
+            k: (_relative(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "selected"
+        }
+        settings["scenarios_run"] = [s.name for s in run.scenarios]
         doc = {
             **meta,
             "settings": settings,
+            "scenarios": {
+                s.name: {"group": s.group, "what": s.what, "upstream": s.upstream} for s in run.scenarios
+            },
             "cells": [c.as_dict() for c in run.cells],
             "failures": run.failures,
+            "unavailable": run.unavailable,
         }
         (args.results_dir / "latest.json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
         (args.results_dir / "latest.md").write_text(md)
-        print(f"wrote {args.results_dir / 'latest.json'} and latest.md", file=sys.stderr)
-    errors = sum(c.wrk.non_2xx + c.wrk.socket_errors for c in run.cells)
-    return 1 if run.failures or errors else 0
+        written = ["latest.json", "latest.md"]
+        if not args.no_plots:
+            written += [p.name for p in report.plot(run, args.results_dir)]
+        print(f"wrote {', '.join(written)} in {_relative(args.results_dir)}", file=sys.stderr)
+    refused = {s.name for s in run.scenarios if s.refused_expected}
+    problems = [p for c in run.cells for p in c.problems(c.scenario in refused)]
+    return 1 if run.failures or problems else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 """nginx configuration rendering for the benchmark: the mock engine and the reference reverse proxy.
 
+The mock engine answers every path with a fixed OpenAI ``chat.completion`` and, on paths given their own
+body (``/v1/messages``), with that body instead. The reverse proxy is the reference every ratio is taken
+against; for SSE upstreams it is rendered with ``proxy_buffering off`` (how nginx is set up in front of
+a streaming engine), and one key can be put under ``limit_req`` to compare the cost of refusing.
+
 Pure text rendering plus one ``nginx -V`` probe (cached) to learn which temp-path directives this build
 knows. Every path an nginx started from these configs writes (pid, error log, temp dirs) lives under the
 prefix directory it is started with (``nginx -p <prefix>``), so no root-owned path is touched.
@@ -12,8 +17,16 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 
-__all__ = ["MOCK_COMPLETION", "nginx_binary", "nginx_version", "render_proxy", "render_upstream"]
+__all__ = [
+    "MOCK_COMPLETION",
+    "MOCK_MESSAGE",
+    "nginx_binary",
+    "nginx_version",
+    "render_proxy",
+    "render_upstream",
+]
 
 # A small, fixed OpenAI chat.completion: what a non-streamed answer of a few tokens looks like.
 MOCK_COMPLETION: bytes = json.dumps(
@@ -30,6 +43,21 @@ MOCK_COMPLETION: bytes = json.dumps(
             }
         ],
         "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+    },
+    separators=(",", ":"),
+).encode()
+
+# The same answer as an Anthropic Messages backend gives it, for /v1/messages (native passthrough).
+MOCK_MESSAGE: bytes = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-mock",
+        "content": [{"type": "text", "text": "Hello! How can I help you today?"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 12, "output_tokens": 9},
     },
     separators=(",", ":"),
 ).encode()
@@ -92,8 +120,22 @@ events {{
 """
 
 
-def render_upstream(port: int, body: bytes = MOCK_COMPLETION, workers: int = 1) -> str:
-    """The mock engine: every request, whatever its method and path, gets ``body`` as JSON."""
+def render_upstream(
+    port: int,
+    body: bytes = MOCK_COMPLETION,
+    workers: int = 1,
+    locations: Mapping[str, bytes] | None = None,
+) -> str:
+    """The mock engine: every request, whatever its method and path, gets ``body`` as JSON, except the
+    exact paths in ``locations``, which get their own body."""
+    own = "".join(
+        f"""\
+        location = {path} {{
+            return 200 {_nginx_string(text)};
+        }}
+"""
+        for path, text in (locations or {}).items()
+    )
     return (
         _main_block(workers)
         + f"""\
@@ -105,7 +147,7 @@ http {{
     server {{
         listen 127.0.0.1:{port} backlog=4096;
         default_type application/json;
-        location / {{
+{own}        location / {{
             return 200 {_nginx_string(body)};
         }}
     }}
@@ -114,8 +156,36 @@ http {{
     )
 
 
-def render_proxy(port: int, upstream_port: int, workers: int = 2) -> str:
-    """The reference reverse proxy: keep-alive to the upstream, no buffering to disk, no logs."""
+def render_proxy(
+    port: int,
+    upstream_port: int,
+    workers: int = 2,
+    *,
+    streaming: bool = False,
+    limited_key: str | None = None,
+    limited_rpm: int = 600,
+) -> str:
+    """The reference reverse proxy: keep-alive to the upstream, no buffering to disk, no logs.
+
+    ``streaming``: ``proxy_buffering off``, so SSE events are relayed as they come rather than when a
+    buffer fills. ``limited_key``: requests with ``Authorization: Bearer <limited_key>`` go through
+    ``limit_req`` at ``limited_rpm`` per minute with an equal burst (as the gateway's token bucket), refused
+    with 429; every other request has an empty zone key, which ``limit_req`` does not account.
+    """
+    limit_http = limit_loc = ""
+    if limited_key is not None:
+        if '"' in limited_key or "$" in limited_key:
+            raise ValueError("limited_key must not contain '\"' or '$'")
+        limit_http = f"""\
+    map $http_authorization $bench_limited {{
+        "Bearer {limited_key}" $http_authorization;
+        default "";
+    }}
+    limit_req_zone $bench_limited zone=bench_limited:1m rate={limited_rpm}r/m;
+    limit_req_status 429;
+"""
+        limit_loc = f"            limit_req zone=bench_limited burst={limited_rpm} nodelay;\n"
+    buffering = "            proxy_buffering off;\n" if streaming else ""
     return (
         _main_block(workers)
         + f"""\
@@ -124,7 +194,9 @@ http {{
 {_temp_paths()}
     keepalive_requests 1000000;
     keepalive_timeout 75s;
-    upstream engine {{
+    # Large (100 KB) prompts stay in memory instead of going to a temp file, as the gateway keeps them.
+    client_body_buffer_size 1m;
+{limit_http}    upstream engine {{
         server 127.0.0.1:{upstream_port};
         keepalive 64;
         keepalive_requests 1000000;
@@ -137,7 +209,7 @@ http {{
             proxy_pass http://engine;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-        }}
+{buffering}{limit_loc}        }}
     }}
 }}
 """

@@ -1,4 +1,5 @@
-"""The processes a benchmark runs: the nginx mock engine, the nginx reverse proxy and the gateway.
+"""The processes a benchmark runs: the upstreams (the nginx mock and the Python mock engine, which can
+trickle tokens), the nginx reverse proxy, the gateway and, when installed, a peer Python gateway (LiteLLM).
 
 Each ``Service`` is a subprocess started from this checkout, owned by PID: ``stop()`` sends SIGTERM to the
 process it started, then SIGKILL to every PID of its process tree that is still alive. ``ProcessTree``
@@ -21,14 +22,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from perf.nginx import nginx_binary, render_proxy, render_upstream
+from perf.nginx import MOCK_MESSAGE, nginx_binary, render_proxy, render_upstream
 
 __all__ = [
     "BENCH_KEY",
     "BENCH_MODEL",
     "CLK_TCK",
+    "LIMITED_KEY",
+    "LIMITED_RPM",
     "ROOT",
+    "STREAM_MODEL",
     "GatewayService",
+    "LiteLLMService",
+    "MockEngineService",
     "NginxService",
     "ProcessTree",
     "Service",
@@ -42,6 +48,10 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_MODEL = "bench-model"
 BENCH_KEY = "sk-gw-bench-0000000000000000000000"
+STREAM_MODEL = "stream-model"  # the gateway's model on the Python mock engine
+# A key allowed far fewer requests than the benchmark offers: what answering 429 costs.
+LIMITED_KEY = "sk-gw-bench-limited-000000000000000"
+LIMITED_RPM = 600
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -113,6 +123,15 @@ class ProcessTree:
             found.append(pid)
             todo.extend(children.get(pid, ()))
         return sorted(found)
+
+    def reset_peaks(self) -> None:
+        """Reset every process's VmHWM to its current RSS (``5`` to ``/proc/<pid>/clear_refs``), so the next
+        sample's peak is the peak of what came between. Silently a no-op where the kernel refuses."""
+        for pid in self.pids():
+            try:
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+            except OSError:
+                pass
 
     def sample(self) -> TreeSample:
         ticks: dict[int, int] = {}
@@ -253,16 +272,40 @@ class NginxService(Service):
 
     @classmethod
     def upstream(cls, workdir: Path) -> NginxService:
-        return cls(workdir, "upstream", lambda port: render_upstream(port, workers=1))
+        """The mock engine: a chat.completion everywhere, an Anthropic message on ``/v1/messages``."""
+        locations = {"/v1/messages": MOCK_MESSAGE}
+        return cls(workdir, "upstream", lambda port: render_upstream(port, workers=1, locations=locations))
 
     @classmethod
-    def proxy(cls, workdir: Path, upstream_port: int, workers: int = 2) -> NginxService:
-        return cls(workdir, "nginx", lambda port: render_proxy(port, upstream_port, workers=workers))
+    def proxy(
+        cls,
+        workdir: Path,
+        upstream_port: int,
+        workers: int = 2,
+        *,
+        name: str = "nginx",
+        streaming: bool = False,
+    ) -> NginxService:
+        """The reference proxy, with ``limit_req`` on ``LIMITED_KEY`` (other keys are not accounted)."""
+
+        def config(port: int) -> str:
+            return render_proxy(
+                port,
+                upstream_port,
+                workers=workers,
+                streaming=streaming,
+                limited_key=LIMITED_KEY,
+                limited_rpm=LIMITED_RPM,
+            )
+
+        return cls(workdir, name, config)
 
     def start(self) -> NginxService:
         argv = [nginx_binary(), "-p", str(self.prefix), "-c", str(self.conf_path), "-g", "daemon off;"]
         self._spawn(argv, cwd=self.prefix)
-        self._wait(lambda: http_request(self.port, "GET", "/")[0] == 200, 10.0, "GET / answering 200")
+        # Any answer means it listens; whether it proxies is what each scenario's check request asks (a
+        # proxy in front of the Python mock engine gets a 404 for "/").
+        self._wait(lambda: http_request(self.port, "GET", "/")[0] > 0, 10.0, "an answer to GET /")
         return self
 
     def process_labels(self) -> dict[int, str]:
@@ -284,25 +327,55 @@ budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }
 """
 
 
-def gateway_config(upstream_url: str, accounted: bool = True) -> str:
-    """One backend (the mock engine), one model, one principal allowed to use it, and its key; with
-    ``accounted``, the principal has rate limits and a budget, and the model a price."""
+def gateway_config(upstream_url: str, accounted: bool = True, engine_url: str | None = None) -> str:
+    """The gateway's TOML: the nginx mock as an OpenAI backend (``engine``) and, at the same URL, as an
+    Anthropic one (``engine-anthropic``); the Python mock engine (``sse-engine``) when ``engine_url`` is
+    given. Models: ``bench-model`` and ``chat`` (OpenAI backend), ``claude`` (Anthropic backend, native
+    passthrough for /v1/messages) and ``stream-model`` (the mock engine). One principal and its key; a
+    second key with ``LIMITED_RPM`` requests per minute. With ``accounted``, the principal has rate limits
+    and a budget, and every model a price."""
     principal_extra = ACCOUNTED if accounted else ""
     price = "price = { input = 0.15, output = 0.60 }" if accounted else ""
+    models = [(BENCH_MODEL, "mock-model"), ("chat", "mock-model"), ("claude", "claude-mock")]
+    engine = ""
+    if engine_url is not None:
+        models.append((STREAM_MODEL, "stream-mock"))
+        engine = f"""
+[[backends]]
+name = "sse-engine"
+url = "{engine_url}"
+
+[[provider_models]]
+name = "stream-mock"
+backends = [{{ backend = "sse-engine", model = "mock-model" }}]
+"""
+    frontend = "".join(
+        f"""
+[[models]]
+name = "{name}"
+chain = ["{provider}"]
+{price}
+"""
+        for name, provider in models
+    )
     return f"""\
 [[backends]]
 name = "engine"
 url = "{upstream_url}"
 
+[[backends]]
+name = "engine-anthropic"
+url = "{upstream_url}"
+protocol = "anthropic"
+
 [[provider_models]]
 name = "mock-model"
 backends = [{{ backend = "engine", model = "mock-model" }}]
 
-[[models]]
-name = "{BENCH_MODEL}"
-chain = ["mock-model"]
-{price}
-
+[[provider_models]]
+name = "claude-mock"
+backends = [{{ backend = "engine-anthropic", model = "claude-mock" }}]
+{engine}{frontend}
 [[roles]]
 name = "bench"
 permissions = ["model/*"]
@@ -316,6 +389,12 @@ roles = ["bench"]
 principal = "bench"
 name = "bench-key"
 secret = "{BENCH_KEY}"
+
+[[keys]]
+principal = "bench"
+name = "bench-limited"
+secret = "{LIMITED_KEY}"
+limits = {{ requests_per_minute = {LIMITED_RPM} }}
 """
 
 
@@ -325,7 +404,15 @@ class GatewayService(Service):
 
     name = "gateway"
 
-    def __init__(self, workdir: Path, upstream_url: str, workers: int = 2, accounted: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        upstream_url: str,
+        workers: int = 2,
+        accounted: bool = True,
+        engine_url: str | None = None,
+        config: str | None = None,
+    ) -> None:
         self.name = "gateway" if accounted else "gateway-bare"
         super().__init__(workdir)
         self.workers = workers
@@ -333,7 +420,7 @@ class GatewayService(Service):
         suffix = "" if accounted else "-bare"
         self.data_dir = workdir / f"gateway{suffix}-data"
         self.config_path = workdir / f"gateway{suffix}.toml"
-        self.config_path.write_text(gateway_config(upstream_url, accounted))
+        self.config_path.write_text(config or gateway_config(upstream_url, accounted, engine_url))
 
     def start(self, timeout: float = 30.0) -> GatewayService:
         argv = [
@@ -365,3 +452,103 @@ class GatewayService(Service):
         except (OSError, ValueError, KeyError, TypeError):
             pass  # labels are a convenience; the figures do not depend on them
         return labels
+
+
+class MockEngineService(Service):
+    """``python -m gateway mock-engine``: the project's own mock vLLM, which streams and can trickle
+    tokens (``token_delay`` between chunks, set with ``configure``). One process, one event loop: it costs
+    CPU of its own, reported as the upstream's in every cell."""
+
+    name = "mock-engine"
+
+    def __init__(self, workdir: Path, tokens: int = 256) -> None:
+        super().__init__(workdir)
+        self.tokens = tokens
+
+    def start(self, timeout: float = 20.0) -> MockEngineService:
+        argv = [
+            sys.executable, "-m", "gateway", "mock-engine",
+            "--port", str(self.port), "--tokens", str(self.tokens), "--backpressure", "16384",
+        ]  # fmt: skip
+        self._spawn(argv, cwd=ROOT)
+        self._wait(lambda: http_request(self.port, "GET", "/health")[0] == 200, timeout, "GET /health")
+        self.configure(record=False)  # no copies of requests kept: they would cost memory and CPU
+        return self
+
+    def configure(self, **behaviour: object) -> None:
+        """``POST /mock/config``: e.g. ``token_delay=0.2`` for slow streams, ``0`` for fast ones."""
+        body = json.dumps(behaviour).encode()
+        status, answer = http_request(
+            self.port, "POST", "/mock/config", body, {"Content-Type": "application/json"}
+        )
+        if status != 200:
+            raise RuntimeError(f"mock engine refused {behaviour}: {status} {answer[:200]!r}")
+
+
+def litellm_command() -> list[str] | None:
+    """How to start LiteLLM's proxy from this environment: its ``litellm`` script beside this Python or on
+    PATH, else its module if it is importable; ``None`` when it is not installed (it is optional and never
+    installed by the benchmark)."""
+    import importlib.util
+    import shutil
+
+    beside = Path(sys.executable).parent / "litellm"
+    if beside.exists():
+        return [str(beside)]
+    if importlib.util.find_spec("litellm") is not None:
+        return [sys.executable, "-m", "litellm.proxy.proxy_cli"]
+    on_path = shutil.which("litellm")
+    return [on_path] if on_path else None
+
+
+def litellm_config(upstream_url: str, engine_url: str | None) -> str:
+    """LiteLLM's config, equivalent to the bare gateway's: the same model names on the same upstreams, the
+    bench key as its master key (no database, so no virtual keys, limits or spend logs). JSON is YAML."""
+    models = [
+        {
+            "model_name": name,
+            "litellm_params": {"model": "openai/mock-model", "api_base": f"{url}/v1", "api_key": "none"},
+        }
+        for name, url in [(BENCH_MODEL, upstream_url), ("chat", upstream_url)]
+        + ([(STREAM_MODEL, engine_url)] if engine_url else [])
+    ]
+    doc = {
+        "model_list": models,
+        "litellm_settings": {"drop_params": True, "telemetry": False, "set_verbose": False},
+        "general_settings": {"master_key": BENCH_KEY, "disable_spend_logs": True},
+    }
+    return json.dumps(doc, indent=2)
+
+
+class LiteLLMService(Service):
+    """LiteLLM's proxy (a peer Python gateway) with ``workers`` processes, for comparison only. Not
+    installed here, and never a CI dependency: ``LiteLLMService.available()`` says whether it can run."""
+
+    name = "litellm"
+
+    def __init__(self, workdir: Path, upstream_url: str, engine_url: str | None, workers: int = 2) -> None:
+        super().__init__(workdir)
+        self.workers = workers
+        self.config_path = workdir / "litellm.yaml"
+        self.config_path.write_text(litellm_config(upstream_url, engine_url))
+
+    @staticmethod
+    def available() -> bool:
+        return litellm_command() is not None
+
+    def start(self, timeout: float = 120.0) -> LiteLLMService:
+        command = litellm_command()
+        if command is None:
+            raise RuntimeError("litellm: not installed")
+        argv = [
+            *command, "--config", str(self.config_path), "--host", "127.0.0.1",
+            "--port", str(self.port), "--num_workers", str(self.workers),
+        ]  # fmt: skip
+        env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
+        self._spawn(argv, cwd=self.workdir, env=env)
+        self._wait(
+            lambda: http_request(self.port, "GET", "/health/liveliness")[0] == 200,
+            timeout,
+            "/health/liveliness",
+        )
+        return self
