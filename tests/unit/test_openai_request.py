@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import BadRequest
-from gateway.protocol.openai_request import inject_stream_usage, inspect_json, inspect_multipart, splice_model
+from gateway.protocol.openai_request import (
+    _find_model_span,
+    inject_stream_usage,
+    inspect_json,
+    inspect_multipart,
+    splice_model,
+)
 
 ODD = (
     b'{ "messages" : [ {"role":"user","content":"say \\"model\\": \\"x\\"", "model": "inner"} ],\n'
@@ -129,3 +137,49 @@ def test_multipart_model_and_splice() -> None:
 def test_multipart_rejects(body: bytes, ctype: str) -> None:
     with pytest.raises(BadRequest):
         inspect_multipart(body, ctype)
+
+
+# -- the model's span, found without parsing: differential against the JSON parser ------------------------
+
+_TEXT = st.lists(
+    st.sampled_from(["a", '"', "\\", '"model"', "{", "}", "[", "]", ":", ",", "é", "\n", " "])
+).map("".join)
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | _TEXT,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["model", "x"]) | _TEXT, inner)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    before=st.dictionaries(st.sampled_from(["messages", "model", 'a\\"b', "x"]), _JSON_VALUES, max_size=3),
+    after=st.dictionaries(st.sampled_from(["messages", "tools", "y"]), _JSON_VALUES, max_size=3),
+    model=_TEXT.filter(bool),
+    indent=st.booleans(),
+)
+def test_splice_agrees_with_the_parser(
+    before: dict[str, object], after: dict[str, object], model: str, indent: bool
+) -> None:
+    doc = {**before, "model": model, **after}  # "model" last among duplicates wins either way
+    body = orjson.dumps(doc, option=orjson.OPT_INDENT_2 if indent else 0)
+    info = inspect_json(body)
+    assert info.model == model
+    spliced = splice_model(body, info, 'upstream/é"x')
+    assert orjson.loads(spliced) == {**doc, "model": 'upstream/é"x'}
+    # Only the value's bytes changed.
+    span = _find_model_span(body)
+    assert span is not None
+    assert (
+        spliced[: span[0]] == body[: span[0]]
+        and body[span[1] :] == spliced[len(spliced) - (len(body) - span[1]) :]
+    )
+
+
+def test_span_after_a_large_prompt_full_of_escaped_quotes() -> None:
+    prompt = 'line with "quotes" and \\ backslashes\n' * 3000
+    body = orjson.dumps({"messages": [{"role": "user", "content": prompt}], "model": "m", "max_tokens": 4})
+    span = _find_model_span(body)
+    assert span is not None and body[span[0] : span[1]] == b'"m"'
