@@ -96,6 +96,11 @@ class Route:
     targets: tuple[Target, ...]
     price: Price | None = None
     rules: tuple[Rule, ...] = ()  # frontend models only (and their aliases): see gateway.routing.rules
+    decision: Decision | None = None  # where a request goes when it has no rules and all is up
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            object.__setattr__(self, "decision", Decision(self.canonical, None, self.targets))
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,6 +138,8 @@ def decide(
     """Where a request for ``route`` goes. ``facts`` may be None only for a route without rules."""
     for _ in range(MAX_DELEGATIONS):
         if not route.rules:
+            if not load.degraded and route.decision is not None:
+                return route.decision  # the common case: built once per snapshot, nothing allocated
             return _available(routes, fallback, route.canonical, None, route.targets, None, load)
         assert facts is not None, "a route with rules needs the request's facts"
         for rule in route.rules:
