@@ -184,18 +184,19 @@ async def _relay_translated(transport: Any, resp: UpstreamResponse, translation:
     """A stream through its translation. A cut upstream ends it with the translation's error event (never
     a made-up end of message); quiet stretches get the client protocol's keepalive where it has one."""
     ping = translation.ping()
-    quiet = _Keepalive(transport, ping) if ping is not None else None
+    quiet: _Keepalive | None = None
     try:
-        first = True
         async for chunk in resp:
             data = translation.feed(chunk)
             if data:
+                await transport.send_bytes(data)
                 if quiet is not None:
                     quiet.last = time.monotonic()
-                await transport.send_bytes(data)
-                if first and ping is not None:
-                    await transport.send_bytes(ping)  # as Anthropic does, right after message_start
-                    first = False
+                elif ping is not None:
+                    # As Anthropic does: a ping right after message_start, then one per quiet stretch (never
+                    # before the stream's first event).
+                    await transport.send_bytes(ping)
+                    quiet = _Keepalive(transport, ping)
         tail = translation.finish()
         if tail:
             await transport.send_bytes(tail)
@@ -246,7 +247,7 @@ class _Attempt:
     """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
     target fails, the last error, and how many targets were tried."""
 
-    __slots__ = ("error", "fwd", "kept", "last", "out", "proto", "status", "target", "tries")
+    __slots__ = ("error", "fwd", "kept", "last", "out", "proto", "refusal", "status", "target", "tries")
 
     def __init__(self, fwd: Forwarder, proto: Any, out: Outgoing, count: int) -> None:
         self.fwd = fwd
@@ -258,6 +259,7 @@ class _Attempt:
         self.error: BaseException | None = None
         self.target: Target | None = None
         self.status = 0
+        self.refusal: BadRequest | None = None  # a translator's: this request cannot go to that protocol
 
     async def run(self, target: Target, place: Place) -> bool:
         """Try ``target`` holding ``place``; True when its answer went to the client."""
@@ -265,6 +267,9 @@ class _Attempt:
         backend = target.backend
         try:
             up = self.out.prepare(target)
+        except BadRequest as exc:  # the next target may speak a protocol that can carry the request
+            self.refusal = self.refusal or exc
+            up = None
         except BaseException:
             fwd.load.leave(backend, place)
             raise
@@ -332,6 +337,8 @@ class _Attempt:
             return Attempted(self.target, status, self.tries)
         if isinstance(self.error, ClientTimeout):
             raise UpstreamTimeout("no backend answered in time for this model")
+        if self.tries == 0 and self.refusal is not None:
+            raise self.refusal
         if self.tries == 0 and self.error is None:
             raise BadRequest(f"no backend of this model serves {self.out.path_qs.partition('?')[0]}")
         detail = f": {type(self.error).__name__}" if self.error is not None else ""

@@ -41,7 +41,7 @@ class RequestInfo:
     model_span: tuple[int, int] | None
     multipart: bool = False
     stream_options: bool = False  # the body has a stream_options member, whatever its value
-    user: str | None = None  # the "user" member (or Anthropic's metadata.user): routing rules test it
+    user: str | None = None  # the "user" member (Anthropic's metadata.user_id): routing rules test it
 
 
 def inspect_json(body: bytes) -> RequestInfo:
@@ -65,9 +65,6 @@ def inspect_json(body: bytes) -> RequestInfo:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
         raise BadRequest("max_tokens must be an integer", param="max_tokens")
     user = doc.get("user")
-    if not isinstance(user, str):
-        metadata = doc.get("metadata")
-        user = metadata.get("user") if isinstance(metadata, dict) else None
     return RequestInfo(
         model,
         stream,

@@ -11,7 +11,8 @@ the fallback the forwarder walks if the first fails.
   ceiling (the pool's ``max_inflight`` or the gate's current ceiling) the least-loaded of the others goes
   first instead.
 - ``engine_load``: fewest ``num_requests_waiting``, then fewest running, then least KV-cache use, from the
-  engines' own metrics; a backend without metrics is ranked by the host's in-flight count as its running.
+  engines' own metrics; running is the larger of the engine's count (a scrape old) and the host's own
+  in-flight count (exact now), and a backend without metrics is ranked by the in-flight count alone.
 
 State (rotation counters, weights' credit) is per worker and per snapshot generation. No I/O here.
 """
@@ -148,9 +149,14 @@ class EngineLoad(Policy):
         def rank(target: Target) -> tuple[int, int, float]:
             name = target.backend.name
             state = load.engine(name)
+            flying = load.in_flight(name)
             if state is None or state.waiting is None:
-                return (0, load.in_flight(name), 0.0)
-            return (state.waiting, state.running or 0, state.kv_cache or 0.0)
+                return (0, flying, 0.0)
+            # The engine's running count is up to a scrape old; this host's in-flight count is exact now.
+            # The larger of the two keeps a burst between scrapes from all going to one engine, and still
+            # sees what other hosts send it.
+            running = state.running or 0
+            return (state.waiting, running if running > flying else flying, state.kv_cache or 0.0)
 
         return tuple(sorted(self._rotated(), key=rank))
 

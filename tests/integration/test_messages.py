@@ -58,6 +58,7 @@ def config(vllm: str, claude: str, gem: str) -> str:
         '[[models]]\nname = "chat"\nchain = ["pm-vllm"]\n',
         '[[models]]\nname = "claude"\nchain = ["pm-claude"]\n',
         '[[models]]\nname = "gem"\nchain = ["pm-gem"]\n',
+        '[[models]]\nname = "mixed"\nchain = ["pm-claude", "pm-vllm"]\n',
         '[[roles]]\nname = "user"\npermissions = ["model/*"]\n',
         '[[principals]]\nname = "alice"\nroles = ["user"]\n',
     ]
@@ -369,3 +370,18 @@ def test_gateway_errors_on_messages_use_anthropic_types(env: Env) -> None:
             )
     finally:
         env.vllm.reset()
+
+
+def test_a_request_one_protocol_cannot_carry_goes_to_the_next_target(env: Env) -> None:
+    """n > 1 has no Anthropic equivalent: the Anthropic backend is passed over, the OpenAI one serves."""
+    done = env.openai.chat.completions.create(
+        model="mixed", n=2, max_tokens=4, messages=[{"role": "user", "content": "two answers"}]
+    )
+    assert done.choices
+    assert orjson.loads(last_request(env.vllm)["body"])["n"] == 2
+    # Where no target can carry it, the translator's refusal names the field.
+    with pytest.raises(openai.BadRequestError) as exc:
+        env.openai.chat.completions.create(
+            model="claude", n=2, max_tokens=4, messages=[{"role": "user", "content": "x"}]
+        )
+    assert exc.value.body["param"] == "n"  # type: ignore[index]

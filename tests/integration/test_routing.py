@@ -329,3 +329,38 @@ def test_active_probes_skip_a_down_backend_then_use_the_fallback(tmp_path: Path)
     finally:
         live.stop()
         spare.stop()
+
+
+DRY_RUN_TABLE = [
+    ("alice", {}, '{"model":"chat","messages":[{"role":"user","content":"plain"}]}'),
+    ("robot", {}, '{"model":"chat","messages":[{"role":"user","content":"robot"}]}'),
+    ("alice", {"x-tier": "free"}, '{"model":"chat","messages":[]}'),
+    *(
+        ("alice", {}, f'{{"model":"sticky","messages":[{{"role":"system","content":"tenant {i} prompt"}}]}}')
+        for i in range(6)
+    ),
+]
+
+
+@pytest.mark.parametrize(("principal", "headers", "body"), DRY_RUN_TABLE)
+def test_dry_run_names_the_targets_the_real_path_uses(
+    rules_env: Env, fresh: list[MockEngine], principal: str, headers: dict[str, str], body: str
+) -> None:
+    dry = rules_env.admin(
+        "POST", "/admin/routing/dry-run", json={"principal": principal, "headers": headers, "body": body}
+    )
+    assert dry.status_code == 200, dry.text
+    answer = dry.json()
+    resp = httpx.post(
+        rules_env.gw.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {rules_env.key[principal]}", **headers},
+        content=body,
+        timeout=30,
+    )
+    if answer["refused"] is not None:
+        assert resp.status_code == answer["refused"]["status"]
+        assert served_by(fresh) == [0, 0, 0]
+        return
+    assert resp.status_code == 200
+    counts = dict(zip("abc", served_by(fresh), strict=True))
+    assert counts[answer["targets"][0]["backend"]] == 1 and sum(counts.values()) == 1
