@@ -39,7 +39,9 @@ def _unavailable(why: str) -> None:
     pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: while Playwright's sync API runs, this thread has a running event loop, and
+# every later test that starts one of its own (asyncio.run) would fail. It stops after tests/browser/.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
