@@ -26,11 +26,14 @@ limits = {{ {limits} }}
 def start(tmp_path: Path, engine: MockEngine, limits: str) -> tuple[Gateway, str]:
     gw = Gateway(tmp_path, basic_config({"a": engine.url}, extra=LIMITED.format(limits=limits)), workers=4)
     key = gw.create_key("limited")
+    # Every worker must know the key (each re-reads the snapshot on its own): ask on fresh connections, which
+    # SO_REUSEPORT spreads over all four, until they all say yes.
     wait_until(
-        lambda: (
+        lambda: all(
             httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+            for _ in range(16)
         ),
-        what="key published",
+        what="key published to every worker",
     )
     return gw, key
 
