@@ -19,6 +19,7 @@ __all__ = [
     "ServiceUnavailable",
     "Unauthorized",
     "UpstreamUnavailable",
+    "anthropic_error_type",
 ]
 
 
@@ -136,20 +137,31 @@ class RoutingRefused(GatewayError):
         self.status = status
         self.code = "routing_refused" if by_rule else "no_healthy_backend"
         self.openai_type = "server_error" if status >= 500 else "invalid_request_error"
-        fallback = "api_error" if status >= 500 else "invalid_request_error"
-        self.anthropic_type = _ANTHROPIC_TYPES.get(status, fallback)
+        self.anthropic_type = anthropic_error_type(status)
 
 
+# Anthropic's error type for each HTTP status it documents; others go by class (4xx, 5xx).
 _ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
     401: "authentication_error",
     402: "billing_error",
     403: "permission_error",
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    500: "api_error",
     503: "overloaded_error",
+    504: "timeout_error",
     529: "overloaded_error",
 }
+
+
+def anthropic_error_type(status: int) -> str:
+    """The Anthropic error type for an HTTP status: the documented ones, else by class (4xx, 5xx)."""
+    kind = _ANTHROPIC_TYPES.get(status)
+    if kind is not None:
+        return kind
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
 class ConfigError(GatewayError):

@@ -23,7 +23,7 @@ from gateway.controlplane.shares import compute_shares
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
-from gateway.shm.worker_stats import WorkerStats, sum_backends
+from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
 
 __all__ = ["TTL", "Fleet", "host_report", "traffic_totals"]
 
@@ -79,9 +79,7 @@ def _add_engines(stats: WorkerStats, backends: dict[str, dict[str, Any]], table:
     raw = stats.read(stats.engine_slot)
     lines = orjson.loads(raw).get("backends", {}) if raw else {}
     for name, line in lines.items():
-        entry = backends.setdefault(
-            name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
-        )
+        entry = backends.get(name) or backends.setdefault(name, backend_totals())
         entry["engine"] = (
             {k: line.get(k) for k in ("kind", "waiting", "running", "kv_cache")} if line.get("kind") else None
         )

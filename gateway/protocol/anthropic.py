@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.errors import BadRequest, GatewayError
+from gateway.errors import BadRequest, GatewayError, anthropic_error_type
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -44,19 +44,6 @@ IMAGE_TOKENS: Final = 1600
 _ROLES: Final = ("user", "assistant")
 _TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
 _MEDIA_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
-_ERROR_TYPES: Final = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
 
 
 class BadUpstreamResponse(GatewayError):
@@ -382,14 +369,6 @@ def count_tokens_estimate(body: bytes) -> int:
     tokenise differently; this is neither an upper nor a lower bound. The body is checked like a Messages
     request except that ``max_tokens`` is not required (count_tokens bodies have none)."""
     return estimate_input_tokens(_parse(body, count_tokens=True))
-
-
-def anthropic_error_type(status: int) -> str:
-    """The Anthropic error type for an HTTP status: the documented ones, else by class (4xx, 5xx)."""
-    kind = _ERROR_TYPES.get(status)
-    if kind is not None:
-        return kind
-    return "invalid_request_error" if 400 <= status < 500 else "api_error"
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["SLOT_BYTES", "WorkerStats", "region_bytes", "sum_backends"]
+__all__ = ["SLOT_BYTES", "WorkerStats", "backend_totals", "region_bytes", "sum_backends"]
 
 SLOT_BYTES = 16384
 _HEADER = struct.Struct("<QQ")
@@ -80,14 +80,17 @@ class WorkerStats:
         return None
 
 
+def backend_totals() -> dict[str, Any]:
+    """A backend's counters before any worker reported on it."""
+    return {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
+
+
 def sum_backends(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The workers' per-backend counters added up, with the latest failure any of them saw."""
     total: dict[str, dict[str, Any]] = {}
     for doc in documents:
         for name, b in doc.get("backends", {}).items():
-            t = total.setdefault(
-                name, {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
-            )
+            t = total.get(name) or total.setdefault(name, backend_totals())
             t["answered"] += b["answered"]
             t["failed"] += b["failed"]
             t["in_flight"] += b["in_flight"]
