@@ -44,7 +44,7 @@ from gateway.protocol.anthropic import (
     anthropic_error_body,
     anthropic_error_type,
 )
-from gateway.protocol.sse import SSEDecoder, encode_event
+from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
 
 __all__ = ["StreamToAnthropic", "error_to_anthropic", "request_to_openai", "response_from_openai"]
@@ -295,7 +295,7 @@ def error_to_anthropic(status: int, body: bytes) -> bytes:
     return anthropic_error_body(status, message)
 
 
-class StreamToAnthropic:
+class StreamToAnthropic(EventTranslator):
     """OpenAI chat completion chunks in, Anthropic stream events out; see the module docstring.
 
     ``feed`` each upstream piece and send what it returns; call ``finish`` when the upstream body ends
@@ -329,24 +329,11 @@ class StreamToAnthropic:
     def ping(self) -> bytes:
         return encode_event("ping", b'{"type":"ping"}')
 
-    def feed(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.feed(chunk):
-            if not self._done:
-                self._event(event.data, out)
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.close():
-            if not self._done:
-                self._event(event.data, out)
-        if not self._done:
-            if self._stop is not None:
-                self._end(out)  # [DONE] never came, but the answer did
-            else:
-                self._error(out, 502, "the backend's stream ended before the answer was complete")
-        return b"".join(out)
+    def _ended(self, out: list[bytes]) -> None:
+        if self._stop is not None:
+            self._end(out)  # [DONE] never came, but the answer did
+        else:
+            self._error(out, 502, "the backend's stream ended before the answer was complete")
 
     def _emit(self, out: list[bytes], name: str, obj: dict[str, Any]) -> None:
         out.append(encode_event(name, orjson.dumps(obj)))

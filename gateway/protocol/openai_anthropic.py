@@ -38,7 +38,7 @@ import orjson
 
 from gateway.errors import BadRequest
 from gateway.protocol.anthropic import BadUpstreamResponse
-from gateway.protocol.sse import SSEDecoder, encode_event
+from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
 
 __all__ = ["StreamToOpenAI", "error_to_openai", "request_to_anthropic", "response_to_openai"]
@@ -401,7 +401,7 @@ def error_to_openai(status: int, body: bytes) -> bytes:
     return _error_body(kind, message, kind if isinstance(kind, str) else status)
 
 
-class StreamToOpenAI:
+class StreamToOpenAI(EventTranslator):
     """Anthropic stream events in, ``chat.completion.chunk`` events out.
 
     ``include_usage``: the client asked for ``stream_options.include_usage`` (the caller knows from the
@@ -442,21 +442,8 @@ class StreamToOpenAI:
         o = _openai_usage(self._usage)
         return Usage(o["prompt_tokens"], o["completion_tokens"], o["total_tokens"], self._usage["cache_read"])
 
-    def feed(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.feed(chunk):
-            if not self._done:
-                self._event(event.data, out)
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.close():
-            if not self._done:
-                self._event(event.data, out)
-        if not self._done:
-            self._error(out, "api_error", "the backend's stream ended before the answer was complete")
-        return b"".join(out)
+    def _ended(self, out: list[bytes]) -> None:
+        self._error(out, "api_error", "the backend's stream ended before the answer was complete")
 
     def _error(self, out: list[bytes], kind: Any, message: str) -> None:
         out.append(encode_event(None, _error_body(kind, message, kind)))

@@ -42,7 +42,7 @@ import orjson
 
 from gateway.errors import BadRequest
 from gateway.protocol.anthropic import BadUpstreamResponse
-from gateway.protocol.sse import SSEDecoder, encode_event
+from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
 
 __all__ = ["StreamToOpenAI", "error_to_openai", "request_to_gemini", "response_to_openai"]
@@ -401,7 +401,7 @@ def error_to_openai(status: int, body: bytes) -> bytes:
     return _error_body(doc.get("error") if doc is not None else None, status)
 
 
-class StreamToOpenAI:
+class StreamToOpenAI(EventTranslator):
     """Gemini SSE events in, ``chat.completion.chunk`` events out.
 
     Gemini's stream has no end marker: every event is a whole ``GenerateContentResponse`` and the body
@@ -446,28 +446,14 @@ class StreamToOpenAI:
             u["prompt_tokens_details"]["cached_tokens"],
         )
 
-    def feed(self, chunk: bytes) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.feed(chunk):
-            if not self._done:
-                self._event(event.data, out)
-        return b"".join(out)
-
-    def finish(self) -> bytes:
-        out: list[bytes] = []
-        for event in self._sse.close():
-            if not self._done:
-                self._event(event.data, out)
-        if self._done:
-            return b"".join(out)
+    def _ended(self, out: list[bytes]) -> None:
         if self._open or not self._calls:
             self._error(out, {"message": "the backend's stream ended before the answer was complete"}, 502)
-            return b"".join(out)
+            return
         if self._include_usage and self._usage is not None:
             out.append(self._encode([], self._usage))
         out.append(_DONE)
         self._done = True
-        return b"".join(out)
 
     def _error(self, out: list[bytes], error: Any, status: int) -> None:
         out.append(encode_event(None, _error_body(error, status)))

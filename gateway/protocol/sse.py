@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["Event", "SSEDecoder", "encode_event"]
+__all__ = ["Event", "EventTranslator", "SSEDecoder", "encode_event"]
 
 _EOL: Final = re.compile(rb"\r\n|\r|\n")
 _BOM: Final = b"\xef\xbb\xbf"
@@ -162,3 +162,36 @@ def encode_event(event: str | None, data: bytes) -> bytes:
         return head + b"data: " + data + b"\n\n"
     lines = _EOL.split(data)
     return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+class EventTranslator:
+    """The skeleton every stream translator shares: upstream bytes are decoded into events, each event is
+    translated (``_event``) until the translation is done, and an upstream that ends first gets
+    ``_ended`` (close the answer when it is complete, else report the cut). Subclasses set ``_sse`` and
+    ``_done``."""
+
+    _sse: SSEDecoder
+    _done: bool
+
+    def _event(self, data: str, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def _ended(self, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def feed(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        for event in self._sse.feed(chunk):
+            if not self._done:
+                self._event(event.data, out)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """Call when the upstream body ends (or is cut): what is left to send."""
+        out: list[bytes] = []
+        for event in self._sse.close():
+            if not self._done:
+                self._event(event.data, out)
+        if not self._done:
+            self._ended(out)
+        return b"".join(out)
