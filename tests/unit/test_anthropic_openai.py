@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -23,17 +22,13 @@ from gateway.protocol.anthropic_openai import (
     request_to_openai,
     response_from_openai,
 )
+from tests.fixtures.transcripts import load, names
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "translate"
-REQUESTS = json.loads((DATA / "anthropic_openai_requests.json").read_text())
-ERRORS = json.loads((DATA / "anthropic_request_errors.json").read_text())
-RESPONSES = json.loads((DATA / "anthropic_openai_responses.json").read_text())
-STREAMS = json.loads((DATA / "anthropic_openai_streams.json").read_text())
+REQUESTS = load("anthropic_openai_requests")
+ERRORS = load("anthropic_request_errors")
+RESPONSES = load("anthropic_openai_responses")
+STREAMS = load("anthropic_openai_streams")
 EVENT = pydantic.TypeAdapter(anthropic.types.RawMessageStreamEvent)
-
-
-def names(cases: list[dict[str, Any]]) -> list[str]:
-    return [c["name"] for c in cases]
 
 
 def upstream_bytes(case: dict[str, Any]) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -23,17 +22,13 @@ from gateway.protocol.openai_anthropic import (
     request_to_anthropic,
     response_to_openai,
 )
+from tests.fixtures.transcripts import expected_chunks, load, names, openai_chunks
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "translate"
-REQUESTS = json.loads((DATA / "openai_anthropic_requests.json").read_text())
-ERRORS = json.loads((DATA / "openai_request_errors.json").read_text())
-RESPONSES = json.loads((DATA / "openai_anthropic_responses.json").read_text())
-STREAMS = json.loads((DATA / "openai_anthropic_streams.json").read_text())
+REQUESTS = load("openai_anthropic_requests")
+ERRORS = load("openai_request_errors")
+RESPONSES = load("openai_anthropic_responses")
+STREAMS = load("openai_anthropic_streams")
 CREATED = 1735689600
-
-
-def names(cases: list[dict[str, Any]]) -> list[str]:
-    return [c["name"] for c in cases]
 
 
 def upstream_bytes(case: dict[str, Any]) -> bytes:
@@ -46,20 +41,6 @@ def upstream_bytes(case: dict[str, Any]) -> bytes:
             head = f"event: {item['event']}{eol}" if "event" in item else ""
             out.append(head + "data: " + json.dumps(item["data"]) + eol + eol)
     return "".join(out).encode()
-
-
-def chunks(sse: bytes) -> list[Any]:
-    """Our output: LF framing, one ``data:`` line per event; ``[DONE]`` stays a string."""
-    assert sse.endswith(b"\n\n") or not sse
-    out = []
-    for block in sse.split(b"\n\n")[:-1]:
-        assert block.startswith(b"data: ") and b"\n" not in block
-        out.append("[DONE]" if block == b"data: [DONE]" else json.loads(block[6:]))
-    return out
-
-
-def expected(case: dict[str, Any]) -> list[Any]:
-    return [{**case["common"], **e["data"]} if "choices" in e["data"] else e["data"] for e in case["out"]]
 
 
 def translate(case: dict[str, Any], pieces: list[bytes]) -> tuple[bytes, StreamToOpenAI]:
@@ -106,7 +87,7 @@ def test_response_that_is_not_a_message(body: bytes) -> None:
 @pytest.mark.parametrize("case", STREAMS, ids=names(STREAMS))
 def test_stream(case: dict[str, Any]) -> None:
     out, stream = translate(case, [upstream_bytes(case)])
-    assert chunks(out) == expected(case)
+    assert openai_chunks(out) == expected_chunks(case)
     usage = case["usage"]
     if usage is None:
         assert stream.usage() is None and stream.prompt_tokens is None
@@ -124,7 +105,7 @@ def test_stream(case: dict[str, Any]) -> None:
 def test_stream_chunks_are_what_the_sdk_reads(case: dict[str, Any]) -> None:
     out, _ = translate(case, [upstream_bytes(case)])
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    for chunk in chunks(out):
+    for chunk in openai_chunks(out):
         if chunk == "[DONE]":
             break
         if "error" in chunk:
@@ -223,7 +204,7 @@ def test_through_the_mock_engine(tools: bool) -> None:
     stream = StreamToOpenAI("gpt", include_usage=True, created=completion.created)
     out = b"".join(stream.feed(c) for c in streamed.chunks) + stream.finish()
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    for chunk in chunks(out)[:-1]:
+    for chunk in openai_chunks(out)[:-1]:
         list(state.handle_chunk(openai.types.chat.ChatCompletionChunk.model_validate(chunk)))
     final = state.get_final_completion()
     assert final.usage == completion.usage
