@@ -294,6 +294,10 @@ class ProxyApp:
         qs: str = scope.query_string
         forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
         path_qs = path + "?" + qs if qs else path
+        if path.startswith(_MESSAGES + "/") and path != _COUNT_TOKENS:
+            # Message batches and other Messages sub-resources are not proxied: say so in Anthropic's terms
+            # rather than failing on a body that has no model.
+            raise NotFound(f"{path} is not supported by this gateway")
         if path in (_MESSAGES, _COUNT_TOKENS):
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")

@@ -385,3 +385,12 @@ def test_a_request_one_protocol_cannot_carry_goes_to_the_next_target(env: Env) -
             model="claude", n=2, max_tokens=4, messages=[{"role": "user", "content": "x"}]
         )
     assert exc.value.body["param"] == "n"  # type: ignore[index]
+
+
+def test_other_messages_paths_are_refused_in_anthropic_terms(env: Env) -> None:
+    resp = httpx.post(
+        env.gw.url + "/v1/messages/batches", json={"requests": []}, headers={"x-api-key": env.key}, timeout=10
+    )
+    assert resp.status_code == 404
+    assert resp.json()["error"]["type"] == "not_found_error"
+    assert "/v1/messages/batches" in resp.json()["error"]["message"]
