@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.budget import check_period
+from gateway.controlplane.problems import Problems
 from gateway.controlplane.routing_config import (
     PoolSpec,
     RuleSpec,
     check_routing,
     parse_pool,
     parse_rules,
-    toml_value,
 )
 from gateway.errors import ConfigError
 
@@ -209,7 +209,7 @@ def load_config(path: str | Path) -> ConfigDoc:
 
 def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
     """Validate a decoded TOML document; raises ``ConfigError`` listing every problem found."""
-    p = _Problems()
+    p = Problems()
     p.unknown_fields("", data, _SECTIONS)
     backends = _section(p, data, "backends", _backend)
     provider_models = _section(p, data, "provider_models", _provider_model)
@@ -306,29 +306,8 @@ _SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "ke
 T = TypeVar("T")
 
 
-class _Problems:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.first_place: str | None = None
-        # Names declared per section, valid entry or not, so that an invalid entry does not also
-        # produce an "unknown ..." line at every reference to it.
-        self.declared: dict[str, set[str]] = {}
-
-    def add(self, place: str, message: str) -> None:
-        self.lines.append(f"{place}: {message}")
-        if self.first_place is None:
-            self.first_place = place
-
-    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None:
-        allowed = set(known)
-        for name in table:
-            if name not in allowed:
-                where = f"{place}.{name}" if place else name
-                self.add(where, f"unknown field (expected one of: {', '.join(sorted(allowed))})")
-
-
 def _section(
-    p: _Problems, data: dict[str, Any], name: str, parse: Callable[[_Problems, str, dict[str, Any]], T | None]
+    p: Problems, data: dict[str, Any], name: str, parse: Callable[[Problems, str, dict[str, Any]], T | None]
 ) -> list[tuple[str, T]]:
     """Each valid entry of an array of tables with its place; invalid entries are reported and dropped."""
     raw = data.get(name, [])
@@ -350,7 +329,7 @@ def _section(
     return out
 
 
-def _name(p: _Problems, place: str, item: dict[str, Any], key: str = "name") -> str | None:
+def _name(p: Problems, place: str, item: dict[str, Any], key: str = "name") -> str | None:
     if key not in item:
         p.add(f"{place}.{key}", "is required")
         return None
@@ -362,7 +341,7 @@ def _name(p: _Problems, place: str, item: dict[str, Any], key: str = "name") -> 
     return value
 
 
-def _names(p: _Problems, place: str, value: object, *, required: bool) -> tuple[str, ...] | None:
+def _names(p: Problems, place: str, value: object, *, required: bool) -> tuple[str, ...] | None:
     if not isinstance(value, list):
         p.add(place, "must be an array of strings")
         return None
@@ -386,7 +365,7 @@ def _names(p: _Problems, place: str, value: object, *, required: bool) -> tuple[
     return tuple(value) if ok else None
 
 
-def _timeout(p: _Problems, place: str, item: dict[str, Any], key: str, default: float) -> float | None:
+def _timeout(p: Problems, place: str, item: dict[str, Any], key: str, default: float) -> float | None:
     value = item.get(key, default)
     if (
         isinstance(value, bool)
@@ -399,7 +378,7 @@ def _timeout(p: _Problems, place: str, item: dict[str, Any], key: str, default: 
     return float(value)
 
 
-def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | None:
+def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | None:
     p.unknown_fields(place, item, _BACKEND_FIELDS)
     ok = True
     name = _name(p, place, item)
@@ -465,7 +444,7 @@ def _backend(p: _Problems, place: str, item: dict[str, Any]) -> BackendSpec | No
     )
 
 
-def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
+def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
     p.unknown_fields(place, item, ("name", "backends", "price"))
     before = len(p.lines)
     name = _name(p, place, item)
@@ -498,9 +477,9 @@ def _provider_model(p: _Problems, place: str, item: dict[str, Any]) -> ProviderM
     return ProviderModelSpec(name, tuple(entries), price)
 
 
-def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
+def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules"))
-    if isinstance(item.get("aliases"), list):  # even if invalid: see _Problems.declared
+    if isinstance(item.get("aliases"), list):  # even if invalid: see Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
     if "chain" not in item:
@@ -516,7 +495,7 @@ def _model(p: _Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     return ModelSpec(name, chain, aliases, price, rules)
 
 
-def _routing_table(p: _Problems, raw: object) -> str | None:
+def _routing_table(p: Problems, raw: object) -> str | None:
     """``[routing]``: today only ``fallback``, the model whose chain serves a request whose own targets
     are all down."""
     if not isinstance(raw, dict):
@@ -531,7 +510,7 @@ def _routing_table(p: _Problems, raw: object) -> str | None:
 _PRICE_FIELDS = ("input", "output", "cached_input")
 
 
-def _price(p: _Problems, place: str, value: object) -> PriceSpec | None:
+def _price(p: Problems, place: str, value: object) -> PriceSpec | None:
     if not isinstance(value, dict):
         p.add(place, "must be a table such as { input = 0.15, output = 0.60 } (per million tokens)")
         return None
@@ -554,7 +533,7 @@ def _price(p: _Problems, place: str, value: object) -> PriceSpec | None:
     return PriceSpec(values["input"], values["output"], values.get("cached_input"))
 
 
-def _budget(p: _Problems, place: str, value: object) -> BudgetSpec | None:
+def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
     if not isinstance(value, dict):
         p.add(place, 'must be a table such as { period = "month", tokens = 1000000, cost = 50.0 }')
         return None
@@ -580,7 +559,7 @@ def _budget(p: _Problems, place: str, value: object) -> BudgetSpec | None:
     return BudgetSpec(period, tokens, None if cost is None else float(cost))
 
 
-def _role(p: _Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
+def _role(p: Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
     p.unknown_fields(place, item, ("name", "permissions"))
     name = _name(p, place, item)
     perms = _names(p, f"{place}.permissions", item.get("permissions", []), required=False)
@@ -595,7 +574,7 @@ def _role(p: _Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
     return RoleSpec(name, perms)
 
 
-def _limits(p: _Problems, place: str, value: object) -> LimitsSpec | None:
+def _limits(p: Problems, place: str, value: object) -> LimitsSpec | None:
     """A limits table; None when it sets nothing. Problems go to ``p`` (callers compare its length)."""
     if not isinstance(value, dict):
         p.add(place, "must be a table such as { requests_per_minute = 100 }")
@@ -612,7 +591,7 @@ def _limits(p: _Problems, place: str, value: object) -> LimitsSpec | None:
     return None if spec.is_empty() else spec
 
 
-def _model_limits(p: _Problems, place: str, value: object) -> tuple[tuple[str, LimitsSpec], ...]:
+def _model_limits(p: Problems, place: str, value: object) -> tuple[tuple[str, LimitsSpec], ...]:
     if not isinstance(value, dict):
         p.add(
             place, 'must be a table of model names to limits, e.g. { "chat" = { requests_per_minute = 10 } }'
@@ -628,7 +607,7 @@ def _model_limits(p: _Problems, place: str, value: object) -> tuple[tuple[str, L
     return tuple(sorted(out, key=lambda entry: entry[0]))
 
 
-def _principal(p: _Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
+def _principal(p: Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
     p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits", "budget"))
     before = len(p.lines)
     name = _name(p, place, item)
@@ -641,7 +620,7 @@ def _principal(p: _Problems, place: str, item: dict[str, Any]) -> PrincipalSpec 
     return PrincipalSpec(name, roles, limits, model_limits, budget)
 
 
-def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
+def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
     p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at", "limits"))
     ok = True
     name = _name(p, place, item)
@@ -670,7 +649,7 @@ def _key(p: _Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
 
 
 def _check_references(
-    p: _Problems,
+    p: Problems,
     backends: list[tuple[str, BackendSpec]],
     provider_models: list[tuple[str, ProviderModelSpec]],
     models: list[tuple[str, ModelSpec]],
@@ -745,6 +724,23 @@ def _toml_str(value: str) -> str:
 
 def _toml_key(value: str) -> str:
     return value if _BARE_KEY.fullmatch(value) else _toml_str(value)
+
+
+def toml_value(value: Any) -> str:
+    """A value as inline TOML (tables inline, keys quoted only when they must be): routing entries."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return _toml_str(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
 
 
 def _toml_list(values: Iterable[str]) -> str:

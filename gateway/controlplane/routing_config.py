@@ -1,5 +1,6 @@
 """The routing part of the configuration file: model pools, frontend models' rules, the deployment-wide
-fallback, and backends' flow-control settings — parsed, checked, and written back as TOML.
+fallback, and backends' flow-control settings — parsed, checked, and kept in the store as JSON rows
+(``configfile.dump_config`` writes them back as TOML, from the specs' ``as_dict``).
 
     [routing]
     fallback = "chat-small"            # when every target of a request is down
@@ -28,10 +29,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.controlplane.problems import Problems
 from gateway.routing.policies import POLICIES
 
 if TYPE_CHECKING:
@@ -49,7 +51,6 @@ __all__ = [
     "routing_from_rows",
     "routing_rows",
     "rule_when_doc",
-    "toml_value",
 ]
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -67,12 +68,6 @@ _WHEN_FIELDS = (
     "max_inflight_per_backend",
 )
 MAX_RULES = 100
-
-
-class Problems(Protocol):
-    def add(self, place: str, message: str) -> None: ...
-
-    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,33 +372,6 @@ def rule_when_doc(when: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def toml_value(value: Any) -> str:
-    """A value as inline TOML (tables inline, keys quoted only when they must be)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        return "{ " + ", ".join(f"{_toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_string(key)
-
-
-def _toml_string(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    escaped = re.sub(r"[\x00-\x1f\x7f]", lambda m: f"\\u{ord(m.group()):04X}", escaped)
-    return f'"{escaped}"'
-
-
 # --- the store's form: one (kind, name, JSON) row per entry -------------------------------------------------
 
 BACKEND_FLOW_FIELDS = ("max_concurrency", "waiting_high_water", "queue_size", "queue_timeout", "health_path")
@@ -435,19 +403,6 @@ class RoutingRows:
     skipped: list[str]  # "kind name: why" of rows that no longer parse
 
 
-class _Collect:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def add(self, place: str, message: str) -> None:
-        self.lines.append(f"{place}: {message}")
-
-    def unknown_fields(self, place: str, table: dict[str, Any], known: Iterable[str]) -> None:
-        extra = set(table) - set(known)
-        if extra:
-            self.add(place, f"unknown fields {sorted(extra)}")
-
-
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     """Rows back to specs, each re-validated by the file parser; a row that fails is skipped and named."""
     backends: dict[str, dict[str, Any]] = {}
@@ -456,7 +411,7 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     fallback: str | None = None
     skipped: list[str] = []
     for kind, name, body in rows:
-        p = _Collect()
+        p = Problems()
         try:
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

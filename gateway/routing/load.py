@@ -28,16 +28,6 @@ class EngineState:
     ceiling: int | None = None  # the gate's current ceiling; None when the backend has no gate
     healthy: bool = True  # False once active probes failed; passive health is the worker's own
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "waiting": self.waiting,
-            "running": self.running,
-            "kv_cache": self.kv_cache,
-            "ceiling": self.ceiling,
-            "healthy": self.healthy,
-        }
-
 
 def _int(value: Any) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
