@@ -22,7 +22,7 @@ from gateway.protocol.anthropic_openai import (
     request_to_openai,
     response_from_openai,
 )
-from tests.fixtures.transcripts import load, names
+from tests.fixtures.transcripts import cut_at, halves, load, names
 
 REQUESTS = load("anthropic_openai_requests")
 ERRORS = load("anthropic_request_errors")
@@ -129,8 +129,8 @@ def test_stream_events_are_what_the_sdk_reads(case: dict[str, Any]) -> None:
 def test_stream_split_at_every_byte(case: dict[str, Any]) -> None:
     data = upstream_bytes(case)
     whole, _ = translate(case, [data])
-    for i in range(len(data) + 1):
-        assert translate(case, [data[:i], data[i:]])[0] == whole, i
+    for i, pieces in halves(data):
+        assert translate(case, pieces)[0] == whole, i
 
 
 @settings(max_examples=60, deadline=None)
@@ -139,8 +139,7 @@ def test_stream_split_anywhere(data: st.DataObject) -> None:
     case = data.draw(st.sampled_from(STREAMS))
     raw = upstream_bytes(case)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=12)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
-    assert translate(case, pieces)[0] == translate(case, [raw])[0]
+    assert translate(case, cut_at(raw, cuts))[0] == translate(case, [raw])[0]
 
 
 def test_one_byte_at_a_time_emits_as_soon_as_an_event_is_whole() -> None:

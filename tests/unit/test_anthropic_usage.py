@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.protocol.anthropic_usage import AnthropicUsageMeter
 from gateway.protocol.usage import Usage, parse_usage
+from tests.fixtures.transcripts import cut_at
 
 ROOT = Path(__file__).resolve().parents[1] / "data"
 CASES = json.loads((ROOT / "translate" / "anthropic_usage.json").read_text())
@@ -68,7 +69,7 @@ def test_split_anywhere(data: st.DataObject) -> None:
     case = data.draw(st.sampled_from(CASES))
     raw = body_of(case)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=12)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    pieces = cut_at(raw, cuts)
     assert reading(meter(pieces)) == case["usage"]
 
 

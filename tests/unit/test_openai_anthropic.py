@@ -22,7 +22,7 @@ from gateway.protocol.openai_anthropic import (
     request_to_anthropic,
     response_to_openai,
 )
-from tests.fixtures.transcripts import expected_chunks, load, names, openai_chunks
+from tests.fixtures.transcripts import cut_at, expected_chunks, halves, load, names, openai_chunks
 
 REQUESTS = load("openai_anthropic_requests")
 ERRORS = load("openai_request_errors")
@@ -122,8 +122,8 @@ def test_stream_chunks_are_what_the_sdk_reads(case: dict[str, Any]) -> None:
 def test_stream_split_at_every_byte(case: dict[str, Any]) -> None:
     data = upstream_bytes(case)
     whole, _ = translate(case, [data])
-    for i in range(len(data) + 1):
-        assert translate(case, [data[:i], data[i:]])[0] == whole, i
+    for i, pieces in halves(data):
+        assert translate(case, pieces)[0] == whole, i
 
 
 @settings(max_examples=60, deadline=None)
@@ -132,8 +132,7 @@ def test_stream_split_anywhere(data: st.DataObject) -> None:
     case = data.draw(st.sampled_from(STREAMS))
     raw = upstream_bytes(case)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=12)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
-    assert translate(case, pieces)[0] == translate(case, [raw])[0]
+    assert translate(case, cut_at(raw, cuts))[0] == translate(case, [raw])[0]
 
 
 def test_nothing_after_the_end() -> None:

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.protocol.sse import Event, SSEDecoder, encode_event
+from tests.fixtures.transcripts import cut_at
 
 MIXED = (
     b"\xef\xbb\xbf: a comment first, after a BOM\n"
@@ -61,7 +62,7 @@ def test_one_byte_at_a_time() -> None:
 @given(st.lists(st.integers(0, len(MIXED)), max_size=20))
 def test_split_anywhere(cuts: list[int]) -> None:
     cuts.sort()
-    pieces = [MIXED[a:b] for a, b in zip([0, *cuts], [*cuts, len(MIXED)], strict=True)]
+    pieces = cut_at(MIXED, cuts)
     assert decode(pieces) == MIXED_EVENTS
 
 
