@@ -60,7 +60,17 @@ from gateway.shm.bucket_keys import bucket_key
 
 SCHEMA = 1
 
-__all__ = ["SCHEMA", "Backend", "KeyEntry", "Limits", "Principal", "Route", "Snapshot", "Target"]
+__all__ = [
+    "SCHEMA",
+    "Backend",
+    "KeyEntry",
+    "Limits",
+    "Principal",
+    "Route",
+    "Snapshot",
+    "Target",
+    "decode_backends",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +89,27 @@ class Backend:
     queue_size: int = 64  # requests a host lets wait for the gate; past it, 503 at once
     queue_timeout: float = 5.0  # how long one waits before its 503
     health_path: str | None = None  # active probe (GET); None: no probe beyond the metrics scrape
+
+
+def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
+    """The document's backends alone: all that a reader of backends (the engine scraper) needs to decode."""
+    return {
+        name: Backend(
+            name=name,
+            url=b["url"].rstrip("/"),
+            api_key=b.get("api_key"),
+            protocol=b.get("protocol", "openai"),
+            connect_timeout=float(b.get("connect_timeout", 5.0)),
+            first_byte_timeout=float(b.get("first_byte_timeout", 60.0)),
+            read_timeout=float(b.get("read_timeout", 300.0)),
+            max_concurrency=_positive(b.get("max_concurrency")),
+            waiting_high_water=int(b.get("waiting_high_water", 8)),
+            queue_size=int(b.get("queue_size", 64)),
+            queue_timeout=float(b.get("queue_timeout", 5.0)),
+            health_path=b.get("health_path"),
+        )
+        for name, b in doc.get("backends", {}).items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,23 +221,7 @@ class Snapshot:
     def from_doc(cls, doc: dict[str, Any], generation: int) -> Snapshot:
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"unsupported snapshot schema {doc.get('schema')!r}")
-        backends = {
-            name: Backend(
-                name=name,
-                url=b["url"].rstrip("/"),
-                api_key=b.get("api_key"),
-                protocol=b.get("protocol", "openai"),
-                connect_timeout=float(b.get("connect_timeout", 5.0)),
-                first_byte_timeout=float(b.get("first_byte_timeout", 60.0)),
-                read_timeout=float(b.get("read_timeout", 300.0)),
-                max_concurrency=_positive(b.get("max_concurrency")),
-                waiting_high_water=int(b.get("waiting_high_water", 8)),
-                queue_size=int(b.get("queue_size", 64)),
-                queue_timeout=float(b.get("queue_timeout", 5.0)),
-                health_path=b.get("health_path"),
-            )
-            for name, b in doc.get("backends", {}).items()
-        }
+        backends = decode_backends(doc)
         pools = compile_pools(doc.get("pools") or {}, backends)
         routes: dict[str, Route] = {}
         for name, r in doc.get("routes", {}).items():

@@ -39,7 +39,7 @@ from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
-from gateway.snapshot import Backend, Snapshot
+from gateway.snapshot import Backend, decode_backends
 
 __all__ = ["FAILURES_TO_MARK_DOWN", "REDETECT", "BackendWatch", "EngineScraper", "host_load"]
 
@@ -107,7 +107,8 @@ class EngineScraper:
         self.reader = SnapshotReader(shared.snapshot)
         self.stats = WorkerStats(shared.stats)
         self.watches: dict[str, BackendWatch] = {}
-        self._snapshot = Snapshot.empty()
+        self._generation = 0
+        self._backends: dict[str, Backend] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -135,14 +136,18 @@ class EngineScraper:
                 await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
 
     def backends(self) -> dict[str, Backend]:
-        if self.reader.generation() != self._snapshot.generation:
+        """The published snapshot's backends; only that part of a new generation is decoded (its keys,
+        possibly 100k of them, are of no use here)."""
+        generation = self.reader.generation()
+        if generation != self._generation:
             got = self.reader.read()
             if got is not None:
                 try:
-                    self._snapshot = Snapshot.decode(got[1], got[0])
-                except (ValueError, KeyError, TypeError) as exc:
+                    self._backends = decode_backends(orjson.loads(got[1]))
+                    self._generation = got[0]
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.error("engine scraper: undecodable snapshot: %s", exc)
-        return self._snapshot.backends
+        return self._backends
 
     async def round(self, client: httpx.AsyncClient) -> None:
         backends = self.backends()
