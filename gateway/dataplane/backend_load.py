@@ -85,6 +85,11 @@ class BackendLoad:
         state = self.engines.get(backend)
         return state is None or state.healthy
 
+    def cool(self, backend: str, seconds: float) -> None:
+        """Passive health: leave ``backend`` out for ``seconds`` (0: passive health is off)."""
+        if seconds:
+            self.cooling[backend] = time.monotonic() + seconds
+
     @property
     def degraded(self) -> bool:
         return self.unhealthy or bool(self.cooling)

@@ -102,10 +102,6 @@ class Forwarder:
         self.load = load if load is not None else BackendLoad(None, None)
         self.health: dict[str, BackendHealth] = {}
 
-    @property
-    def cooling(self) -> dict[str, float]:
-        return self.load.cooling
-
     async def forward(self, proto: Any, out: Outgoing, targets: tuple[Target, ...]) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded)."""
@@ -296,14 +292,14 @@ class _Attempt:
                     read_timeout=backend.read_timeout,
                 )
             except UpstreamError as exc:
-                if health.fail(f"{type(exc).__name__}: {exc}") and fwd.cool_down:
-                    fwd.cooling[backend.name] = time.monotonic() + fwd.cool_down
+                if health.fail(f"{type(exc).__name__}: {exc}"):
+                    fwd.load.cool(backend.name, fwd.cool_down)
                 self.error = exc
                 return False
             status = self.status = resp.status
             if status == 429 or status >= 500:
-                if health.fail(f"HTTP {status}") and status != 429 and fwd.cool_down:
-                    fwd.cooling[backend.name] = time.monotonic() + fwd.cool_down
+                if health.fail(f"HTTP {status}") and status != 429:
+                    fwd.load.cool(backend.name, fwd.cool_down)
                 if status == 429:
                     health.consecutive -= 1  # load shedding says nothing about the backend's health
                 if self.tries < self.last:
