@@ -37,7 +37,11 @@ __all__ = [
     "DEFAULT_TAIL_CAPACITY",
     "HAVE_NATIVE",
     "IMPLEMENTATION",
+    "LIMIT_CONCURRENCY",
+    "LIMIT_REQUESTS",
+    "LIMIT_TOKENS",
     "PURE_PYTHON",
+    "AdmissionPlan",
     "AtomicWords",
     "BucketTable",
     "BucketTableFull",
@@ -349,7 +353,7 @@ class BucketTable(_SharedBuffer):
         if _lib.gw_bt_capacity(self._base, self._size) < 0:
             self.close()
             raise RegionError("region is not an initialised bucket table (or is smaller than it says)")
-        self._out = _ffi.new("int64_t[4]")
+        self._out = _ffi.new("int64_t[6]")
 
     @classmethod
     def create_layout(cls, buf: WritableBuffer, capacity: int) -> BucketTable:
@@ -492,6 +496,77 @@ class BucketTable(_SharedBuffer):
         if rc < 0:
             _raise(rc)
         return rc
+
+    # -- noted places and admission plans: one C call each ---------------------------------------------
+    def enter(self, key: int, limit: int, notes: AtomicWords | None, note: int) -> bool:
+        """``acquire``, with the place noted in word 0 of the block at byte offset ``note`` of ``notes``
+        (written before the place is taken; cleared again when it was not). ``note < 0``: not noted."""
+        base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
+        try:
+            rc: int = _lib.gw_bt_enter(self._base, self._size, key, limit, base, size, note)
+        except OverflowError as exc:
+            raise ValueError(str(exc)) from exc
+        if rc < 0:
+            _raise(rc)
+        return rc == 1
+
+    def leave(self, key: int, notes: AtomicWords | None, note: int) -> int:
+        """``release``, clearing the place's note; returns the gauge's new value."""
+        base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
+        rc: int = _lib.gw_bt_leave(self._base, self._size, key, base, size, note)
+        if rc < 0:
+            _raise(rc)
+        return rc
+
+    def admit(self, plan: AdmissionPlan, tokens: int, notes: AtomicWords | None, note: int) -> Any:
+        """Take what one request needs from every limit of ``plan``, all or nothing (see ``gw_bt_admit``).
+        Returns the C call's six outcome words, valid until the next call on this table: ``[0]`` is -1
+        when admitted, else the refusing limit's index, and ``[1]`` its wait in ns (-1: never); ``[2],
+        [3]`` and ``[4], [5]`` are the index and remaining units of the requests and tokens buckets with
+        the fewest left (index -1: none)."""
+        out = self._out
+        base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
+        rc = _lib.gw_bt_admit(self._base, self._size, plan.limits, plan.n, tokens, base, size, note, -1, out)
+        if rc < 0:
+            _raise(rc)
+        return out
+
+    def finish(
+        self, plan: AdmissionPlan, tokens: int, used: int, notes: AtomicWords | None, note: int
+    ) -> None:
+        """End a request ``admit`` let in with ``tokens``: settle its token buckets to ``used`` (none when
+        ``used < 0``), give its gauge places back and clear their notes."""
+        base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
+        rc = _lib.gw_bt_finish(
+            self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note, -1
+        )
+        if rc < 0:
+            _raise(rc)
+
+
+LIMIT_REQUESTS: Final = 0
+LIMIT_TOKENS: Final = 1
+LIMIT_CONCURRENCY: Final = 2
+
+
+class AdmissionPlan:
+    """The limits one request is admitted against, as the C array ``gw_bt_admit`` walks: ``(kind, key,
+    limit, rate per second)`` each, ``kind`` one of ``LIMIT_REQUESTS``, ``LIMIT_TOKENS`` (``limit`` is the
+    burst) or ``LIMIT_CONCURRENCY`` (``limit`` places; the rate is unused). Immutable once built."""
+
+    __slots__ = ("gauges", "limits", "n")
+
+    def __init__(self, limits: list[tuple[int, int, int, float]]) -> None:
+        _native()
+        if len(limits) > _lib.GW_PLAN_MAX:
+            raise ValueError(f"a plan has at most {_lib.GW_PLAN_MAX} limits")
+        self.n = len(limits)
+        self.limits: Any = _ffi.new("gw_limit[]", max(1, self.n))
+        for i, (kind, key, limit, rate) in enumerate(limits):
+            entry = self.limits[i]
+            entry.kind, entry.key, entry.limit = kind, key, limit
+            entry.rate_per_s = rate if kind != LIMIT_CONCURRENCY else 1.0
+        self.gauges = sum(1 for kind, *_ in limits if kind == LIMIT_CONCURRENCY)
 
 
 def _now(now_ns: int) -> int:

@@ -176,16 +176,11 @@ static int64_t remaining_at(int64_t tat, int64_t now, int64_t tolerance, int64_t
     return units > burst ? burst : units;
 }
 
-int gw_bt_take(char *base, size_t size, uint64_t key, double rate_per_s, int64_t burst, int64_t n,
-               int64_t now_ns, int64_t *out) {
-    if (out == NULL || key == 0 || !valid_rate(rate_per_s) || burst < 0 || n < 0) return GW_EINVAL;
-    uint64_t capacity = region_capacity(base, size);
-    if (capacity == 0) return GW_EREGION;
+static int take_in(char *base, uint64_t capacity, uint64_t key, double rate_per_s, int64_t burst, int64_t n,
+                   int64_t now, int64_t *out) {
     int err = GW_OK;
     uint64_t *slot = find_slot(base, capacity, key, 1, &err);
     if (slot == NULL) return err;
-
-    int64_t now = resolve_now(now_ns);
     int64_t interval = emission_interval(rate_per_s);
     int64_t tolerance = mul_sat(burst, interval);
     int64_t cost = mul_sat(n, interval);
@@ -214,16 +209,19 @@ int gw_bt_take(char *base, size_t size, uint64_t key, double rate_per_s, int64_t
     }
 }
 
-int gw_bt_settle(char *base, size_t size, uint64_t key, double rate_per_s, int64_t delta, int64_t now_ns) {
-    if (key == 0 || !valid_rate(rate_per_s) || delta == INT64_MIN) return GW_EINVAL;
+int gw_bt_take(char *base, size_t size, uint64_t key, double rate_per_s, int64_t burst, int64_t n,
+               int64_t now_ns, int64_t *out) {
+    if (out == NULL || key == 0 || !valid_rate(rate_per_s) || burst < 0 || n < 0) return GW_EINVAL;
     uint64_t capacity = region_capacity(base, size);
     if (capacity == 0) return GW_EREGION;
+    return take_in(base, capacity, key, rate_per_s, burst, n, resolve_now(now_ns), out);
+}
+
+static int settle_in(char *base, uint64_t capacity, uint64_t key, double rate_per_s, int64_t delta, int64_t now) {
     int err = GW_OK;
     /* A refund to a bucket that was never charged has nothing to give back: do not claim a slot. */
     uint64_t *slot = find_slot(base, capacity, key, delta > 0, &err);
     if (slot == NULL) return err;
-
-    int64_t now = resolve_now(now_ns);
     int64_t span = mul_sat(delta < 0 ? -delta : delta, emission_interval(rate_per_s));
     uint64_t tat = __atomic_load_n(&slot[W_TAT], __ATOMIC_ACQUIRE);
     for (;;) {
@@ -240,6 +238,13 @@ int gw_bt_settle(char *base, size_t size, uint64_t key, double rate_per_s, int64
                                         __ATOMIC_ACQUIRE))
             return GW_OK;
     }
+}
+
+int gw_bt_settle(char *base, size_t size, uint64_t key, double rate_per_s, int64_t delta, int64_t now_ns) {
+    if (key == 0 || !valid_rate(rate_per_s) || delta == INT64_MIN) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    return settle_in(base, capacity, key, rate_per_s, delta, resolve_now(now_ns));
 }
 
 int gw_bt_peek(const char *base, size_t size, uint64_t key, double rate_per_s, int64_t burst,
@@ -259,10 +264,7 @@ int gw_bt_peek(const char *base, size_t size, uint64_t key, double rate_per_s, i
 
 /* ---- concurrency gauges ------------------------------------------------------------------------------ */
 
-int gw_bt_acquire(char *base, size_t size, uint64_t key, int64_t limit) {
-    if (key == 0) return GW_EINVAL;
-    uint64_t capacity = region_capacity(base, size);
-    if (capacity == 0) return GW_EREGION;
+static int acquire_in(char *base, uint64_t capacity, uint64_t key, int64_t limit) {
     int err = GW_OK;
     uint64_t *slot = find_slot(base, capacity, key, 1, &err);
     if (slot == NULL) return err;
@@ -274,10 +276,14 @@ int gw_bt_acquire(char *base, size_t size, uint64_t key, int64_t limit) {
     }
 }
 
-int64_t gw_bt_release(char *base, size_t size, uint64_t key) {
+int gw_bt_acquire(char *base, size_t size, uint64_t key, int64_t limit) {
     if (key == 0) return GW_EINVAL;
     uint64_t capacity = region_capacity(base, size);
     if (capacity == 0) return GW_EREGION;
+    return acquire_in(base, capacity, key, limit);
+}
+
+static int64_t release_in(char *base, uint64_t capacity, uint64_t key) {
     int err = GW_OK;
     uint64_t *slot = find_slot(base, capacity, key, 0, &err);
     if (slot == NULL) return 0;
@@ -287,6 +293,13 @@ int64_t gw_bt_release(char *base, size_t size, uint64_t key) {
         if (__atomic_compare_exchange_n(&slot[W_GAUGE], &seen, seen - 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
             return (int64_t)(seen - 1);
     }
+}
+
+int64_t gw_bt_release(char *base, size_t size, uint64_t key) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    return release_in(base, capacity, key);
 }
 
 int64_t gw_bt_gauge(const char *base, size_t size, uint64_t key) {
@@ -333,5 +346,141 @@ int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out) 
     const uint64_t *slot = find_slot(base, capacity, key, 0, &err);
     for (int i = 0; i < 4; i++)
         out[i] = slot ? (int64_t)__atomic_load_n(&slot[W_LIVE_TOKENS + i], __ATOMIC_ACQUIRE) : 0;
+    return GW_OK;
+}
+
+/* ---- notes and admission plans ------------------------------------------------------------------------- */
+
+/* The note word `index` of a block at byte offset note_off in a notes region, or NULL when there is no
+ * block (note_off < 0) or it would fall outside the region. */
+static uint64_t *note_word(char *notes, size_t notes_size, int64_t note_off, int64_t index) {
+    if (notes == NULL || note_off < 0 || (note_off & 7) != 0 || ((uintptr_t)notes & 7) != 0) return NULL;
+    uint64_t at = (uint64_t)note_off + 8 * (uint64_t)index;
+    if (at + 8 > notes_size) return NULL;
+    return word_at(notes, at);
+}
+
+static void note_set(char *notes, size_t notes_size, int64_t note_off, int64_t index, uint64_t key) {
+    uint64_t *w = note_word(notes, notes_size, note_off, index);
+    if (w != NULL) __atomic_store_n(w, key, __ATOMIC_SEQ_CST);
+}
+
+int gw_bt_enter(char *base, size_t size, uint64_t key, int64_t limit, char *notes, size_t notes_size,
+                int64_t note_off) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    /* Noted before it is taken: a crash in between makes the successor release a place that was never
+     * taken (briefly admitting one more), never leak one for good. */
+    note_set(notes, notes_size, note_off, 0, key);
+    int rc = acquire_in(base, capacity, key, limit);
+    if (rc != 1) note_set(notes, notes_size, note_off, 0, 0);
+    return rc;
+}
+
+int64_t gw_bt_leave(char *base, size_t size, uint64_t key, char *notes, size_t notes_size, int64_t note_off) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int64_t left = release_in(base, capacity, key);
+    note_set(notes, notes_size, note_off, 0, 0);
+    return left;
+}
+
+static int64_t units_of(const gw_limit *limit, int64_t tokens) {
+    if (limit->kind != GW_LIMIT_TOKENS) return 1;
+    return tokens < limit->limit ? tokens : limit->limit; /* bigger than the burst still fits an empty bucket */
+}
+
+/* Give back what limits[0, upto) took for one request (gauges: their places and notes). */
+static void undo(char *base, uint64_t capacity, const gw_limit *limits, int64_t upto, int64_t tokens,
+                 char *notes, size_t notes_size, int64_t note_off, int64_t now) {
+    int64_t gauge = 0;
+    for (int64_t i = 0; i < upto; i++) {
+        const gw_limit *l = &limits[i];
+        if (l->kind == GW_LIMIT_CONCURRENCY) {
+            release_in(base, capacity, l->key);
+            note_set(notes, notes_size, note_off, gauge++, 0);
+        } else {
+            settle_in(base, capacity, l->key, l->rate_per_s, -units_of(l, tokens), now);
+        }
+    }
+}
+
+static int valid_plan(const gw_limit *limits, int64_t n) {
+    if (n < 0 || n > GW_PLAN_MAX || (n > 0 && limits == NULL)) return 0;
+    for (int64_t i = 0; i < n; i++) {
+        const gw_limit *l = &limits[i];
+        if (l->key == 0 || l->limit < 0) return 0;
+        if (l->kind == GW_LIMIT_CONCURRENCY) continue;
+        if ((l->kind != GW_LIMIT_REQUESTS && l->kind != GW_LIMIT_TOKENS) || !valid_rate(l->rate_per_s)) return 0;
+    }
+    return 1;
+}
+
+int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, char *notes,
+                size_t notes_size, int64_t note_off, int64_t now_ns, int64_t *out) {
+    if (out == NULL || tokens < 0 || !valid_plan(limits, n)) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int64_t now = resolve_now(now_ns);
+    out[0] = -1;
+    out[1] = 0;
+    out[2] = -1;
+    out[3] = 0;
+    out[4] = -1;
+    out[5] = 0;
+    int64_t gauge = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const gw_limit *l = &limits[i];
+        int rc;
+        if (l->kind == GW_LIMIT_CONCURRENCY) {
+            note_set(notes, notes_size, note_off, gauge, l->key);
+            rc = acquire_in(base, capacity, l->key, l->limit);
+            if (rc == 0) note_set(notes, notes_size, note_off, gauge, 0);
+            if (rc == 1) {
+                gauge++;
+                continue;
+            }
+            if (rc == 0) out[1] = 1000000000; /* a place frees when a request ends: try again in a second */
+        } else {
+            int64_t got[2];
+            rc = take_in(base, capacity, l->key, l->rate_per_s, l->limit, units_of(l, tokens), now, got);
+            if (rc == GW_ADMITTED) {
+                int64_t *tight = l->kind == GW_LIMIT_TOKENS ? &out[4] : &out[2];
+                if (tight[0] < 0 || got[1] < tight[1]) {
+                    tight[0] = i;
+                    tight[1] = got[1];
+                }
+                continue;
+            }
+            if (rc == GW_REFUSED) out[1] = got[0];
+            if (rc == GW_TOO_LARGE) rc = GW_REFUSED, out[1] = -1;
+        }
+        undo(base, capacity, limits, i, tokens, notes, notes_size, note_off, now);
+        if (rc < 0) return rc;
+        out[0] = i;
+        return GW_REFUSED;
+    }
+    return GW_ADMITTED;
+}
+
+int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, int64_t used,
+                 char *notes, size_t notes_size, int64_t note_off, int64_t now_ns) {
+    if (tokens < 0 || !valid_plan(limits, n)) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    int64_t now = resolve_now(now_ns);
+    int64_t gauge = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const gw_limit *l = &limits[i];
+        if (l->kind == GW_LIMIT_CONCURRENCY) {
+            release_in(base, capacity, l->key);
+            note_set(notes, notes_size, note_off, gauge++, 0);
+        } else if (l->kind == GW_LIMIT_TOKENS && used >= 0) {
+            int64_t delta = used - units_of(l, tokens);
+            if (delta != 0) settle_in(base, capacity, l->key, l->rate_per_s, delta, now);
+        }
+    }
     return GW_OK;
 }

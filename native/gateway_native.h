@@ -120,6 +120,47 @@ int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64
 int gw_bt_spend_set_base(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost);
 int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out);
 
+/* ---- buckets.c: notes and admission plans ------------------------------------------------------ */
+
+/* A worker notes every gauge place it holds in its own block of words of a notes region (which outlives
+ * the worker), so that its successor can release what a killed worker held. Note blocks are given as a
+ * byte offset (a multiple of 8) into the notes region; a negative offset means "not noted". A note word
+ * is written before its place is taken and cleared after it is given back. */
+
+/* Take one place of `limit` on gauge `key`, noted in word 0 of the block: 1 taken, 0 full, or an error. */
+int gw_bt_enter(char *base, size_t size, uint64_t key, int64_t limit, char *notes, size_t notes_size,
+                int64_t note_off);
+
+/* Give the place back and clear its note; returns the gauge's new value, or an error. */
+int64_t gw_bt_leave(char *base, size_t size, uint64_t key, char *notes, size_t notes_size, int64_t note_off);
+
+enum { GW_LIMIT_REQUESTS = 0, GW_LIMIT_TOKENS = 1, GW_LIMIT_CONCURRENCY = 2, GW_PLAN_MAX = 64 };
+
+/* One limit of a request's admission plan. Rate limits (requests, tokens) are GCRA buckets: `limit` is
+ * the burst and rate_per_s the refill; a request takes 1 request or min(tokens, limit) tokens. A
+ * concurrency limit is a gauge of `limit` places (rate_per_s unused). */
+typedef struct {
+    uint64_t key;
+    double rate_per_s;
+    int64_t limit;
+    int64_t kind;
+} gw_limit;
+
+/* Admit one request against every limit of a plan (at most GW_PLAN_MAX), in order, all or nothing: the
+ * first limit that refuses makes everything taken before it be given back. The plan's k-th gauge is noted
+ * in word k of the note block. Returns GW_ADMITTED, GW_REFUSED or an error (nothing then stays taken).
+ *   out[0] = index of the refusing limit (-1 when admitted);
+ *   out[1] = ns until it could admit (refused; -1 never at this limit; 1e9 for a full gauge);
+ *   out[2], out[3] = index and remaining units of the requests bucket with the fewest left (-1, 0: none);
+ *   out[4], out[5] = the same for tokens. */
+int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, char *notes,
+                size_t notes_size, int64_t note_off, int64_t now_ns, int64_t *out);
+
+/* End an admitted request: settle every tokens bucket by `used` minus what was taken for `tokens` (no
+ * settling when used < 0: the reservation stands), give back every gauge place and clear its note. */
+int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, int64_t used,
+                 char *notes, size_t notes_size, int64_t note_off, int64_t now_ns);
+
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 
 /* Bytes for `rings` rings (in [1, 4096]) of `slots` slots (a power of two in [2, 2^20]) of `slot_bytes`

@@ -13,7 +13,7 @@ import orjson
 
 from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.budgets import BudgetGuard
-from gateway.dataplane.limits import Holdings, Limiter
+from gateway.dataplane.limits import HOLD_WORDS, Holdings, Limiter
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, UsageRing, region_size, ring_region_size
@@ -65,7 +65,7 @@ def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
     route = snap.routes["m"]
     table = BucketTable.create_layout(bytearray(region_size(1024)), 1024)
     ring = UsageRing.create_layout(bytearray(ring_region_size(1, 4096, 1024)), 1, 4096, 1024)
-    holdings = Holdings(AtomicWords(bytearray(8 * 16384)), 0)
+    holdings = Holdings(AtomicWords(bytearray(8 * HOLD_WORDS)), 0)
     acc = Accounting(
         Limiter(table, holdings) if limits else None,
         BudgetGuard(table, "epoch") if budget else None,

@@ -123,6 +123,8 @@ class ProxyApp:
             return False
         self.snapshot = snap
         self._models_cache = {}
+        if self.accounting is not None and self.accounting.limiter is not None:
+            self.accounting.limiter.forget_plans()
         return True
 
     async def _publish_stats(self) -> None:

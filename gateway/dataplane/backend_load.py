@@ -57,6 +57,7 @@ class BackendLoad:
     ) -> None:
         self.table = table
         self.holdings = holdings
+        self.notes = holdings.words if holdings is not None else None
         self.stats = stats
         self.engines: dict[str, EngineState] = {}
         self.cooling: dict[str, float] = {}  # backend -> monotonic time it may be tried again (passive)
@@ -115,20 +116,21 @@ class BackendLoad:
             self._local[backend.name] = self._local.get(backend.name, 0) + 1
             return Place(0, -1)
         key = self._key(backend.name)[0]
-        note = self.holdings.note(key) if self.holdings is not None else -1
-        if self.table.acquire(key, self.ceiling(backend)):
+        holdings = self.holdings
+        note = holdings.take() if holdings is not None else -1
+        if self.table.enter(key, self.ceiling(backend), self.notes, note):
             return Place(key, note)
-        if self.holdings is not None:
-            self.holdings.erase(note)
+        if holdings is not None:
+            holdings.give(note)
         return None
 
     def leave(self, backend: Backend, place: Place) -> None:
         if self.table is None:
             self._local[backend.name] -= 1
         else:
-            self.table.release(place.key)
+            self.table.leave(place.key, self.notes, place.note)
             if self.holdings is not None:
-                self.holdings.erase(place.note)
+                self.holdings.give(place.note)
         if self._waiting:
             self._freed.set()
             self._freed = asyncio.Event()
@@ -137,9 +139,13 @@ class BackendLoad:
         """A place on the first of ``targets`` whose gate opens, within the first one's queue bounds."""
         first = targets[0].backend
         queue_key = self._key(first.name)[1]
-        if self.table is None or not self.table.acquire(queue_key, first.queue_size):
+        if self.table is None:
             raise self._refusal(first, "its queue is full")
-        note = self.holdings.note(queue_key) if self.holdings is not None else -1
+        note = self.holdings.take() if self.holdings is not None else -1
+        if not self.table.enter(queue_key, first.queue_size, self.notes, note):
+            if self.holdings is not None:
+                self.holdings.give(note)
+            raise self._refusal(first, "its queue is full")
         self._waiting += 1
         try:
             deadline = time.monotonic() + first.queue_timeout
@@ -157,9 +163,9 @@ class BackendLoad:
                     pass
         finally:
             self._waiting -= 1
-            self.table.release(queue_key)
+            self.table.leave(queue_key, self.notes, note)
             if self.holdings is not None:
-                self.holdings.erase(note)
+                self.holdings.give(note)
 
     @staticmethod
     def _refusal(backend: Backend, why: str) -> GateFull:

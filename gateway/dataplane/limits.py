@@ -4,8 +4,9 @@ A request is checked against every scope that has limits — its principal, its 
 the model name it used — after authorisation and before anything is sent upstream. Requests and tokens
 per minute are GCRA buckets (burst = the per-minute amount, refilled continuously); tokens are reserved
 from the request's estimate and settled against the real usage afterwards (debt allowed). Concurrency is a
-gauge taken for the request's lifetime. Every bucket operation is one atomic C call on the shared table,
-so a limit is exact across all workers of the host. I/O: none (shared memory only).
+gauge taken for the request's lifetime. A request's limits are one plan (``AdmissionPlan``), taken all or
+nothing in one C call and settled in another, on atomics in the shared table, so a limit is exact across
+all workers of the host. I/O: none (shared memory only).
 
 A worker killed with ``kill -9`` cannot give its gauges back, so each worker notes the gauges it holds
 in its own area of a shared segment (``Holdings``) before taking them; the worker the supervisor starts in
@@ -19,26 +20,40 @@ import math
 from dataclasses import dataclass
 
 from gateway.errors import RateLimited
-from gateway.native import AtomicWords, BucketTable
-from gateway.snapshot import KeyEntry
+from gateway.native import (
+    LIMIT_CONCURRENCY,
+    LIMIT_REQUESTS,
+    LIMIT_TOKENS,
+    AdmissionPlan,
+    AtomicWords,
+    BucketTable,
+)
+from gateway.snapshot import KeyEntry, Limits
 
-__all__ = ["HOLD_SLOTS", "Holdings", "Limiter", "Ticket", "estimate_tokens"]
+__all__ = ["HOLD_WORDS", "NOTE_WORDS", "Holdings", "Limiter", "Ticket", "estimate_tokens"]
 
 # Bytes per token for the prompt estimate: a common rule of thumb for English text and JSON overhead.
 BYTES_PER_TOKEN = 4
-# Gauges one worker can note at once (up to three per request: principal, key, principal and model).
-HOLD_SLOTS = 16384
+# Words of one note block: the gauges one request holds from its limits (principal, key, principal and
+# model: at most three), or one backend place.
+NOTE_WORDS = 4
+# Words of shared memory per proxy worker for its notes: 16,384 blocks, each a request in flight.
+HOLD_WORDS = 65536
+# Plans cached per worker before the cache starts over (each is a few hundred bytes).
+PLAN_CACHE = 8192
 
 
 class Holdings:
-    """One worker's notes of the concurrency gauges it holds: a word per held gauge (its key; 0 = free)
-    in the worker's own slice of a shared segment, which outlives the worker."""
+    """One worker's notes of the gauge places it holds, in its own slice of a shared segment that
+    outlives the worker: blocks of ``NOTE_WORDS`` words, a word per held place (its key; 0 = free). The C
+    calls that take and give back places write and clear the words; this class hands out the blocks."""
 
-    def __init__(self, words: AtomicWords, index: int, slots: int = HOLD_SLOTS) -> None:
+    def __init__(self, words: AtomicWords, index: int, slots: int = HOLD_WORDS) -> None:
         self.words = words
         self.base = index * slots * 8
         self.slots = slots
-        self.free = list(range(slots - 1, -1, -1))
+        blocks = slots // NOTE_WORDS
+        self.free = [self.base + 8 * NOTE_WORDS * b for b in range(blocks - 1, -1, -1)]
         self.unnoted = 0
 
     def recover(self, table: BucketTable) -> int:
@@ -53,19 +68,18 @@ class Holdings:
                 released += 1
         return released
 
-    def note(self, key: int) -> int:
-        """Note a gauge about to be taken; returns the note's slot (-1 when every slot is in use)."""
-        if not self.free:
-            self.unnoted += 1
-            return -1
-        slot = self.free.pop()
-        self.words.store(self.base + 8 * slot, key)
-        return slot
+    def take(self) -> int:
+        """A free block's byte offset in the segment, or -1 when every block is in use (the places are
+        then held unnoted: counted in ``unnoted``)."""
+        if self.free:
+            return self.free.pop()
+        self.unnoted += 1
+        return -1
 
-    def erase(self, slot: int) -> None:
-        if slot >= 0:
-            self.words.store(self.base + 8 * slot, 0)
-            self.free.append(slot)
+    def give(self, block: int) -> None:
+        """Hand a block back once the C call has cleared its words."""
+        if block >= 0:
+            self.free.append(block)
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:
@@ -76,113 +90,120 @@ def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: i
     return prompt, prompt + (max_tokens if max_tokens is not None else default_completion)
 
 
+class _Plan:
+    """The limits of one (key, model name) as one C array, with what the request path says about them."""
+
+    __slots__ = ("admission", "headers", "scopes", "what")
+
+    def __init__(self, scopes: list[Limits], shares: dict[str, float] | None, default_share: float) -> None:
+        rows: list[tuple[int, int, int, float]] = []
+        for scope in scopes:
+            share = 1.0 if shares is None else shares.get(scope.scope, default_share)
+            for counts_tokens, limit, bucket, rate in scope.rates:
+                if share != 1.0:  # this host's part of a limit shared across hosts
+                    limit, rate = max(1, int(limit * share)), rate * share
+                rows.append((LIMIT_TOKENS if counts_tokens else LIMIT_REQUESTS, bucket, limit, rate))
+            if scope.concurrency is not None:
+                places = scope.concurrency if share == 1.0 else max(1, int(scope.concurrency * share))
+                rows.append((LIMIT_CONCURRENCY, scope.concurrency_key, places, 0.0))
+        self.admission = AdmissionPlan(rows)
+        self.scopes = tuple(scope.scope for scope in scopes)
+        names = {LIMIT_REQUESTS: "requests per minute", LIMIT_TOKENS: "tokens per minute"}
+        self.what = [(names.get(kind, "concurrent requests"), limit) for kind, _, limit, _ in rows]
+        # Per rate limit: (its limit, as the header writes it, its rate), for the x-ratelimit-* headers.
+        self.headers = [(limit, str(limit), rate) for _, _, limit, rate in rows]
+
+
 @dataclass(slots=True)
 class Ticket:
-    """What one admitted request holds: tokens reserved per scope and concurrency slots taken."""
+    """What one admitted request holds: its plan, the tokens it reserved, its note block, and the
+    rate-limit headers its answer carries."""
 
-    taken: list[tuple[int, float, int]]  # (bucket key, rate per second, units) taken from rate buckets
-    reserved: list[tuple[int, float, int]]  # the token reservations among them, settled at the end
-    held: list[tuple[int, int]]  # concurrency gauges this request holds, with their Holdings slot
+    plan: _Plan
+    tokens: int
+    note: int
     headers: list[tuple[str, str]]
 
 
 class Limiter:
     """``shared=True`` on proxy-role hosts: each scope's limits are scaled by this host's share of them
     (``set_shares``, from the control plane; see ``gateway.controlplane.shares``), and the requests each
-    scope admits are counted in ``traffic`` for the next reconciliation."""
+    scope admits are counted in ``traffic`` for the next reconciliation.
+
+    A (key, model) pair's limits become a plan once, cached by the key entry's identity (entries are
+    immutable and replaced with each snapshot generation), so admitting a request is one C call and
+    finishing it another."""
 
     def __init__(self, table: BucketTable, holdings: Holdings | None = None, *, shared: bool = False) -> None:
         self.table = table
         self.holdings = holdings
+        self.notes = holdings.words if holdings is not None else None
         self.shares: dict[str, float] | None = {} if shared else None
         self.default_share = 1.0
         self.traffic: dict[str, int] = {}
+        self._plans: dict[tuple[int, str], tuple[KeyEntry, _Plan | None]] = {}
 
     def set_shares(self, shares: dict[str, float], default: float) -> None:
-        if self.shares is not None:
+        if self.shares is not None and (shares != self.shares or default != self.default_share):
             self.shares = shares
             self.default_share = default
+            self._plans.clear()
+
+    def forget_plans(self) -> None:
+        """Drop the cached plans (a new snapshot replaced the key entries they were made for)."""
+        self._plans.clear()
+
+    def plan(self, key: KeyEntry, model: str) -> _Plan | None:
+        cached = self._plans.get((id(key), model))
+        if cached is not None and cached[0] is key:
+            return cached[1]
+        principal = key.principal
+        model_limits = principal.model_limits.get(model) if principal.model_limits else None
+        scopes = [s for s in (principal.limits, key.limits, model_limits) if s is not None]
+        plan = _Plan(scopes, self.shares, self.default_share) if scopes else None
+        if len(self._plans) >= PLAN_CACHE:
+            self._plans.clear()
+        self._plans[(id(key), model)] = (key, plan)
+        return plan
 
     def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
         """Take what the request needs from every scope, or take nothing and raise RateLimited."""
-        principal = key.principal
-        model_limits = principal.model_limits.get(model) if principal.model_limits else None
-        if principal.limits is None and key.limits is None and model_limits is None:
+        plan = self.plan(key, model)
+        if plan is None:
             return None
-        table = self.table
-        ticket = Ticket([], [], [], [])
-        take = table.take
-        taken, reserved, held = ticket.taken, ticket.reserved, ticket.held
-        requests: tuple[int, int, float] | None = None  # the tightest bucket: (remaining, limit, rate)
-        tokens_left: tuple[int, int, float] | None = None
-        shares = self.shares
-        try:
-            for scope in (principal.limits, key.limits, model_limits):
-                if scope is None:
-                    continue
-                share = 1.0
-                if shares is not None:
-                    share = shares.get(scope.scope, self.default_share)
-                    self.traffic[scope.scope] = self.traffic.get(scope.scope, 0) + 1
-                for counts_tokens, limit, bucket, rate in scope.rates:
-                    if share != 1.0:  # this host's part of a limit shared across hosts
-                        limit, rate = max(1, int(limit * share)), rate * share
-                    # A request bigger than the burst still fits an empty bucket.
-                    units = (tokens if tokens < limit else limit) if counts_tokens else 1
-                    got = take(bucket, rate, limit, units)
-                    if not got.admitted:
-                        what = "tokens per minute" if counts_tokens else "requests per minute"
-                        raise _refused(what, limit, got.retry_after_s)
-                    taken.append((bucket, rate, units))
-                    if counts_tokens:
-                        reserved.append((bucket, rate, units))
-                        if tokens_left is None or got.remaining < tokens_left[0]:
-                            tokens_left = (got.remaining, limit, rate)
-                    elif requests is None or got.remaining < requests[0]:
-                        requests = (got.remaining, limit, rate)
-                if scope.concurrency is not None:
-                    concurrency = (
-                        scope.concurrency if share == 1.0 else max(1, int(scope.concurrency * share))
-                    )
-                    # Noted before it is taken: a crash in between makes the successor release one
-                    # that was never taken (briefly admitting one more), never leak one for good.
-                    slot = self.holdings.note(scope.concurrency_key) if self.holdings is not None else -1
-                    if not table.acquire(scope.concurrency_key, concurrency):
-                        if self.holdings is not None:
-                            self.holdings.erase(slot)
-                        raise _refused("concurrent requests", concurrency, 1.0)
-                    held.append((scope.concurrency_key, slot))
-        except RateLimited:
-            for bucket, rate, units in taken:  # nothing a refused request took may stay taken
-                table.settle(bucket, rate, -units)
-            self.release(ticket)
-            raise
-        if requests is not None:
-            ticket.headers += _headers("requests", *requests)
-        if tokens_left is not None:
-            ticket.headers += _headers("tokens", *tokens_left)
-        return ticket
+        if self.shares is not None:
+            traffic = self.traffic
+            for scope in plan.scopes:
+                traffic[scope] = traffic.get(scope, 0) + 1
+        holdings = self.holdings
+        note = holdings.take() if holdings is not None and plan.admission.gauges else -1
+        out = self.table.admit(plan.admission, tokens, self.notes, note)
+        refused = out[0]
+        if refused >= 0:
+            if holdings is not None:
+                holdings.give(note)
+            what, limit = plan.what[refused]
+            raise _refused(what, limit, math.inf if out[1] < 0 else out[1] / 1e9)
+        headers: list[tuple[str, str]] = []
+        if out[2] >= 0:
+            headers += _headers("requests", out[3], *plan.headers[out[2]])
+        if out[4] >= 0:
+            headers += _headers("tokens", out[5], *plan.headers[out[4]])
+        return Ticket(plan, tokens, note, headers)
 
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
         """Settle reserved tokens against what the request really used (when known); release concurrency."""
-        if used_tokens is not None:
-            for bucket, rate, reserved in ticket.reserved:
-                if used_tokens != reserved:
-                    self.table.settle(bucket, rate, used_tokens - reserved)
-        self.release(ticket)
-
-    def release(self, ticket: Ticket) -> None:
-        for bucket, slot in ticket.held:
-            self.table.release(bucket)
-            if self.holdings is not None:
-                self.holdings.erase(slot)
-        ticket.held.clear()
+        used = -1 if used_tokens is None else used_tokens
+        self.table.finish(ticket.plan.admission, ticket.tokens, used, self.notes, ticket.note)
+        if self.holdings is not None:
+            self.holdings.give(ticket.note)
+        ticket.note = -1
 
 
-def _headers(kind: str, remaining: int, limit: int, rate: float) -> list[tuple[str, str]]:
+def _headers(kind: str, remaining: int, limit: int, shown: str, rate: float) -> list[tuple[str, str]]:
     remaining = remaining if remaining > 0 else 0
     return [
-        (f"x-ratelimit-limit-{kind}", str(limit)),
+        (f"x-ratelimit-limit-{kind}", shown),
         (f"x-ratelimit-remaining-{kind}", str(remaining)),
         (f"x-ratelimit-reset-{kind}", f"{(limit - remaining) / rate:.3f}s"),
     ]

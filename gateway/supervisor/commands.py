@@ -20,7 +20,7 @@ import orjson
 
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
-from gateway.dataplane.limits import HOLD_SLOTS
+from gateway.dataplane.limits import HOLD_WORDS
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
@@ -211,7 +211,7 @@ def run_serve(args: argparse.Namespace) -> int:
     UsageRing.create_layout(rings.buf, workers, settings.usage_ring_slots, RING_SLOT_BYTES).close()
     # Names this bucket table's lifetime in budget keys: spend counted live by an earlier table (before a
     # restart) or by another host is then never mistaken for this one's.
-    holdings = Segment.create(workers * HOLD_SLOTS * 8)
+    holdings = Segment.create(workers * HOLD_WORDS * 8)
     stats = Segment.create(stats_region_bytes(workers))
     epoch = secrets.token_hex(8)
     shared = SharedRegions(segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch)

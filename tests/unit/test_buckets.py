@@ -12,7 +12,19 @@ from contextlib import contextmanager
 import pytest
 
 from gateway import native
-from gateway.native import AtomicWords, BucketTable, BucketTableFull, Decision, Peek, RegionError, region_size
+from gateway.native import (
+    LIMIT_CONCURRENCY,
+    LIMIT_REQUESTS,
+    LIMIT_TOKENS,
+    AdmissionPlan,
+    AtomicWords,
+    BucketTable,
+    BucketTableFull,
+    Decision,
+    Peek,
+    RegionError,
+    region_size,
+)
 
 pytestmark = pytest.mark.skipif(not native.HAVE_NATIVE, reason="gateway._gateway_native is not built")
 
@@ -248,6 +260,100 @@ def test_gauge_and_bucket_share_a_slot_independently(table: BucketTable) -> None
     assert table.take_at(KEY, 1.0, 3, 3, T0).admitted
     assert table.gauge(KEY) == 1
     assert table.peek_at(KEY, 1.0, 3, T0) == Peek(0, 3.0)
+
+
+# ---- noted places and admission plans ----------------------------------------------------------------------
+
+RPM, TPM, CONC = (native.bucket_key("p:1", kind) for kind in ("rpm", "tpm", "concurrency"))
+KEY_CONC = native.bucket_key("k:1", "concurrency")
+
+
+@pytest.fixture
+def notes() -> Iterator[AtomicWords]:
+    with AtomicWords(bytearray(8 * 16)) as words:
+        yield words
+
+
+def test_enter_notes_the_place_and_leave_clears_it(table: BucketTable, notes: AtomicWords) -> None:
+    assert table.enter(KEY, 1, notes, 32)
+    assert notes.load(32) == KEY and table.gauge(KEY) == 1
+    assert not table.enter(KEY, 1, notes, 64)  # full: nothing taken, nothing left noted
+    assert notes.load(64) == 0 and table.gauge(KEY) == 1
+    assert table.leave(KEY, notes, 32) == 0
+    assert notes.load(32) == 0
+    assert table.enter(KEY, 1, None, -1)  # unnoted
+    assert table.leave(KEY, notes, -1) == 0
+    assert table.enter(KEY, 1, notes, 8 * 16)  # a block outside the region is not written
+    assert [notes.load(8 * i) for i in range(16)] == [0] * 16
+
+
+def test_admit_takes_every_limit_and_reports_the_tightest(table: BucketTable, notes: AtomicWords) -> None:
+    plan = AdmissionPlan(
+        [
+            (LIMIT_REQUESTS, RPM, 10, 10 / 60),
+            (LIMIT_TOKENS, TPM, 1000, 1000 / 60),
+            (LIMIT_CONCURRENCY, CONC, 2, 0.0),
+            (LIMIT_CONCURRENCY, KEY_CONC, 5, 0.0),
+        ]
+    )
+    assert plan.gauges == 2
+    out = table.admit(plan, 300, notes, 0)
+    assert list(out) == [-1, 0, 0, 9, 1, 700]
+    assert (notes.load(0), notes.load(8)) == (CONC, KEY_CONC)
+    assert (table.gauge(CONC), table.gauge(KEY_CONC)) == (1, 1)
+    # Settling to the real use gives back what was reserved beyond it; the places and notes are freed.
+    table.finish(plan, 300, 100, notes, 0)
+    assert (table.gauge(CONC), table.gauge(KEY_CONC), notes.load(0), notes.load(8)) == (0, 0, 0, 0)
+    assert table.peek(TPM, 1000 / 60, 1000).remaining in (900, 901)
+
+
+def test_a_refusal_gives_back_what_was_taken(table: BucketTable, notes: AtomicWords) -> None:
+    plan = AdmissionPlan(
+        [
+            (LIMIT_REQUESTS, RPM, 10, 10 / 60),
+            (LIMIT_CONCURRENCY, CONC, 1, 0.0),
+            (LIMIT_TOKENS, TPM, 100, 100 / 60),
+        ]
+    )
+    assert table.take(TPM, 100 / 60, 100, 100).admitted  # the tokens bucket is empty
+    out = table.admit(plan, 50, notes, 0)
+    assert out[0] == 2 and 29 * S < out[1] <= 30 * S
+    assert table.gauge(CONC) == 0 and notes.load(0) == 0
+    assert table.peek(RPM, 10 / 60, 10).remaining == 10  # the request taken from rpm was refunded
+    table.settle(TPM, 100 / 60, -100)
+    holder = table.admit(plan, 50, notes, 0)
+    assert holder[0] == -1
+    out = table.admit(plan, 50, notes, 32)  # the only place is held
+    assert (out[0], out[1]) == (1, S)
+    assert notes.load(32) == 0 and table.gauge(CONC) == 1
+    assert table.peek(RPM, 10 / 60, 10).remaining == 9
+
+
+def test_tokens_above_the_burst_take_the_whole_bucket(table: BucketTable) -> None:
+    plan = AdmissionPlan([(LIMIT_TOKENS, TPM, 100, 100 / 60)])
+    out = table.admit(plan, 5000, None, -1)
+    assert (out[0], out[4], out[5]) == (-1, 0, 0)
+    table.finish(plan, 5000, -1, None, -1)  # usage unknown: the reservation stands
+    assert table.peek(TPM, 100 / 60, 100).remaining == 0
+    table.finish(plan, 5000, 40, None, -1)  # 40 used of the 100 taken: 60 come back
+    assert table.peek(TPM, 100 / 60, 100).remaining == 60
+
+
+def test_an_empty_plan_admits(table: BucketTable) -> None:
+    plan = AdmissionPlan([])
+    assert list(table.admit(plan, 10, None, -1)) == [-1, 0, -1, 0, -1, 0]
+    table.finish(plan, 10, 10, None, -1)
+
+
+def test_invalid_plans_are_refused(table: BucketTable) -> None:
+    with pytest.raises(ValueError):
+        table.admit(AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 0.0)]), 1, None, -1)
+    with pytest.raises(ValueError):
+        table.admit(AdmissionPlan([(7, RPM, 10, 1.0)]), 1, None, -1)
+    with pytest.raises(ValueError):
+        table.admit(AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 1.0)]), -1, None, -1)
+    with pytest.raises(ValueError):
+        AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 1.0)] * 65)
 
 
 # ---- keys and plain atomics --------------------------------------------------------------------------------
