@@ -65,8 +65,9 @@ class ResponseTap:
         if self.meter is not None:
             usage: Usage | None = self.meter.usage()
             return usage
-        if self.whole is not None:
-            return parse_usage(memoryview(self.whole)[-TAIL_BYTES:])
+        whole = self.whole
+        if whole is not None:  # bytes are parsed where they are; a longer body through a view of its tail
+            return parse_usage(whole if len(whole) <= TAIL_BYTES else memoryview(whole)[-TAIL_BYTES:])
         if self.tail is not None:
             return self.tail.usage()
         return None
