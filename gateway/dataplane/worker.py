@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 import time
 from collections.abc import Coroutine
@@ -72,8 +73,34 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     # without this, full collections cost about a fifth of a small request's throughput.
     gc.collect()
     gc.freeze()
+    pin_to_core(settings, index)
     run_loop(settings.event_loop, _serve(settings, app, usage))
     return 0
+
+
+def pin_to_core(settings: Settings, index: int) -> int | None:
+    """Pin this worker to one core, before granian starts its threads (they inherit it); returns the core.
+
+    Each request crosses threads several times (granian's runtime thread reads it, its blocking thread
+    hands it to the event loop, the body and the answer cross back), and a hand-over within one core is
+    cheaper than one that wakes another: measured, pinning serves 4% more requests per second at 64
+    connections and 8% more at 8 (perf/README.md). Only where the worker may run on several cores."""
+    mode = settings.cpu_affinity
+    if mode not in ("auto", "on", "off"):
+        log.warning("unknown cpu affinity %r (auto, on or off): taking auto", mode)
+        mode = "auto"
+    if mode == "off" or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2 or (mode == "auto" and settings.workers != len(cores)):
+        return None
+    core = cores[index % len(cores)]
+    try:
+        os.sched_setaffinity(0, {core})
+    except OSError as exc:
+        log.warning("could not pin proxy worker %d to core %d: %s", index + 1, core, exc)
+        return None
+    return core
 
 
 async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> None:

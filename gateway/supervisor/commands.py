@@ -85,6 +85,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="proxy workers' event loop (uvloop; env GATEWAY_EVENT_LOOP)",
     )
     p.add_argument(
+        "--cpu-affinity",
+        choices=("auto", "on", "off"),
+        help="pin each proxy worker (its event loop and granian's threads) to one core: auto = when there "
+        "are as many workers as usable cores (env GATEWAY_CPU_AFFINITY; auto)",
+    )
+    p.add_argument(
         "--engine-scrape-interval",
         type=float,
         help="seconds between reads of each backend's /metrics and health probes (2; 0 turns them off)",

@@ -232,3 +232,31 @@ def test_status_shows_workers_and_backends(tmp_path: Path, mock_engine: MockEngi
             assert name in out
     finally:
         gw.stop()
+
+
+def _cores_allowed(pid: int) -> set[int]:
+    return os.sched_getaffinity(pid)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs at least two usable cores")
+def test_proxy_workers_are_pinned_one_per_core(tmp_path: Path, mock_engine: MockEngine) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = Gateway(
+        tmp_path, basic_config({"a": mock_engine.url}), workers=3, extra=("--cpu-affinity", "on")
+    )
+    unpinned = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=3)  # auto: 3 workers != cores
+    try:
+        seen = [_cores_allowed(pid) for pid in pinned.worker_pids()]
+        assert all(len(allowed) == 1 for allowed in seen), seen
+        # Worker i on the i-th usable core, round robin: every core gets one before any gets two.
+        assert {next(iter(a)) for a in seen} == set(cores[: min(3, len(cores))])
+        # granian's threads inherit the worker's core.
+        for pid in pinned.worker_pids():
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                assert len(os.sched_getaffinity(int(tid))) == 1
+        assert all(_cores_allowed(pid) == set(cores) for pid in unpinned.worker_pids())
+        key = pinned.create_key("alice")
+        wait_until(lambda: set(answers(pinned, key, 8)) == {200}, what="pinned workers serve")
+    finally:
+        assert pinned.stop() == 0
+        assert unpinned.stop() == 0
