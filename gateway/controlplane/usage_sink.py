@@ -31,7 +31,13 @@ from gateway.budget import Budget, window_key
 from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store
 from gateway.native import BucketTable, UsageRing
-from gateway.usage_record import UsageRecord, access_line, decode_record, record_from_values
+from gateway.usage_record import (
+    UsageRecord,
+    access_line,
+    decode_record,
+    record_from_values,
+    records_from_values,
+)
 
 __all__ = ["UsageSink"]
 
@@ -91,7 +97,7 @@ class UsageSink:
     def write(self, records: list[UsageRecord]) -> None:
         """Write records (from the rings, or from a proxy-role host) once each, and fold the new ones that
         the live counters do not hold into their budgets' base. Raises StoreError."""
-        new = self.store.usage.insert(records, self._folds)
+        new = self.store.usage.insert(records, self._folds if self.bases else None)  # no base: none folds
         self.written += len(records)
         self._fold(new)
         self.metrics.observe(records, self.principal_names)
@@ -100,12 +106,18 @@ class UsageSink:
             self.access_log(b"".join(access_line(r, names.get(r.principal_id)) for r in records))
 
     def _decode(self, index: int, raw: list[bytes]) -> list[UsageRecord]:
-        """The ring's batch decoded in one parse; record by record (dropping the unreadable ones) only
-        when the batch as a whole is not JSON."""
+        """The ring's batch decoded in one parse and checked as a whole; record by record (dropping the
+        unreadable ones) only when the batch as a whole is not valid current-version records."""
         try:
             values = orjson.loads(b"[" + b",".join(raw) + b"]")
         except orjson.JSONDecodeError:
             values = None
+        if values is not None and len(values) != len(raw):  # a slot held more than one value
+            values = None
+        if values is not None:
+            records = records_from_values(values)
+            if records is not None:
+                return records
         out: list[UsageRecord] = []
         for i, data in enumerate(raw):
             try:

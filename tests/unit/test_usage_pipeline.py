@@ -13,6 +13,7 @@ import pytest
 from gateway import native
 from gateway.budget import period_window, window_key
 from gateway.config import Settings
+from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage_sink import UsageSink
 from gateway.dataplane.accounting import Accounting
@@ -28,6 +29,7 @@ from gateway.usage_record import (
     encode_fields,
     encode_record,
     fit_tag,
+    records_from_values,
     to_signed64,
     to_unsigned64,
 )
@@ -198,6 +200,32 @@ def test_finish_records_the_exchange_tag(tag: str | None) -> None:
 def test_decode_rejects_what_is_not_a_record(data: bytes) -> None:
     with pytest.raises(ValueError):
         decode_record(data)
+    try:
+        batch = orjson.loads(b"[" + encode_record(rec(1)) + b"," + data + b"]")
+    except orjson.JSONDecodeError:
+        return
+    assert records_from_values(batch) is None  # nor is a batch that holds it: decoded one by one
+
+
+def test_a_batch_decodes_as_its_records() -> None:
+    records = [
+        rec(
+            i,
+            budget_key=2**64 - 1 - i,
+            attempts=i % 3,
+            tag="t" if i % 2 else None,
+            ttfb_ms=None if i % 3 else 1.0,
+        )
+        for i in range(5)
+    ]
+    batch = orjson.loads(b"[" + b",".join(encode_record(r) for r in records) + b"]")
+    got = records_from_values(batch)
+    assert got == records and all(type(r) is UsageRecord for r in got)
+    assert records_from_values([]) == []
+    older = orjson.loads(orjson.dumps([3, *records[0][:18]]))
+    assert records_from_values([*batch, older]) is None  # an older version: one by one
+    for version in (3, 5):  # a version 3 record has no tag; there is no version 5
+        assert records_from_values([*batch, [version, *batch[0][1:]]]) is None
 
 
 def test_signed_conversions_at_the_edges() -> None:
@@ -220,6 +248,13 @@ def test_insert_writes_each_request_id_once(store: Store) -> None:
     assert store.usage.insert([rec(7)]) == []  # nothing watched: nothing reported, still written
     assert store.usage.count() == 8
     assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(8)]
+
+
+def test_budget_keys_of_both_halves_are_stored(store: Store) -> None:
+    keys = {"req-000001": 2**64 - 1, "req-000002": None, "req-000003": 5, "req-000004": 2**63}
+    store.usage.insert([rec(int(rid[4:]), budget_key=key) for rid, key in keys.items()])
+    store.usage.insert([rec(5, budget_key=7)])  # a batch with no key of the upper half
+    assert {r.request_id: r.budget_key for r in store.usage.records()} == {**keys, "req-000005": 7}
 
 
 def test_spend_groups_by_live_counter(store: Store) -> None:
@@ -332,6 +367,46 @@ def test_an_unreadable_record_is_dropped_alone(store: Store, ring: UsageRing, ta
     push(ring, 0, rec(2))
     assert sink.drain() == 3
     assert (store.usage.count(), sink.malformed, ring.pending(0)) == (2, 1, 0)
+
+
+def test_a_wrongly_typed_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    push(ring, 0, rec(1))
+    assert ring.push(0, encode_fields(*rec(2)._replace(status=True)))  # JSON, but not a record
+    assert ring.push(0, orjson.dumps([1, *rec(3)[:16]]))  # an older version, from a spool
+    push(ring, 0, rec(4))
+    assert sink.drain() == 4
+    assert (store.usage.count(), sink.malformed, ring.pending(0)) == (3, 1, 0)
+
+
+def test_metrics_count_a_batch_as_its_records_one_by_one() -> None:
+    names = {"p1": "alice", "p2": "alice"}  # and p3 has none
+    records = [
+        rec(
+            i,
+            principal=f"p{i % 3 + 1}",
+            model="chat" if i % 2 or i > 30 else "code",
+            tokens=i % 4 * 5,
+            cached_tokens=i % 5,
+            cost_nanos=i % 6 * 1000,
+            backend=None if i % 7 == 0 else "a",
+            status=(200, 502, 429)[i % 3],
+            latency_ms=0.7 * 1.9**i,
+            ttfb_ms=None if i % 4 else i * 3.3,
+            attempts=i % 4,
+        )
+        for i in range(40)
+    ]
+    records += [rec(40, model="zero", cached_tokens=3), rec(41, model="zero", cached_tokens=-3)]
+    for batch in (records, records[:1], records[31:], [r for r in records if r.principal_id == "p1"]):
+        one, many = Metrics(), Metrics()
+        for r in batch:
+            one.observe([r], names)
+        many.observe(batch, names)
+        assert many.render({}) == one.render({})
+        for model, h in one.latency.items():  # the same float sums: added in the same order
+            assert (many.latency[model].total, many.latency[model].counts) == (h.total, h.counts)
+    assert 'gateway_tokens_total{model="zero",principal="alice",kind="cached"} 0' in many.render({})
 
 
 # ---- the worker's log --------------------------------------------------------------------------------------

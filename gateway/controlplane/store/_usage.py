@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from gateway.controlplane.store._driver import Driver
 from gateway.usage_record import UsageRecord, to_unsigned64
@@ -25,6 +26,8 @@ _INSERT = (
     "ON CONFLICT (request_id) DO NOTHING"
 )
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
+_SIGNED, _UNSIGNED = 1 << 63, 1 << 64  # budget keys from 2**63 up are stored less 2**64 (signed 64-bit)
+_budget_key = attrgetter("budget_key")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,16 +65,25 @@ class UsageStore:
         callers care about a few, and the insert itself ignores the rest of the duplicates."""
         if not records:
             return []
-        watched = [r for r in records if watch(r)] if watch is not None else []
+        watched = list(filter(watch, records)) if watch is not None else []
+        # The rows as exact tuples (sqlite3 binds those fastest): a record's own values, unless its budget
+        # key is one that SQL stores negative (see ``UsageRecord.row``).
+        if max(filter(None, map(_budget_key, records)), default=0) < _SIGNED:
+            rows = list(map(tuple, records))
+        else:
+            rows = [
+                tuple(r) if (k := r.budget_key) is None or k < _SIGNED else (*r[:15], k - _UNSIGNED, *r[16:])
+                for r in records
+            ]
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
             ids = list({r.request_id for r in watched})
             for i in range(0, len(ids), _CHUNK):
                 chunk = ids[i : i + _CHUNK]
                 marks = ", ".join(["?"] * len(chunk))
-                rows = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
-                seen.update(row[0] for row in rows)
-            tx.executemany(_INSERT, [r.row() for r in records])
+                found = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
+                seen.update(row[0] for row in found)
+            tx.executemany(_INSERT, rows)
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
