@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, NoReturn, Self, TypeAlias
 
 from gateway.protocol import usage as _usage
+from gateway.protocol.openai_request import find_model_span
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, TailWindow, Usage
 from gateway.shm.bucket_keys import bucket_key
 
@@ -54,6 +55,8 @@ __all__ = [
     "Usage",
     "UsageRing",
     "bucket_key",
+    "model_span",
+    "model_span_c",
     "parse_usage",
     "parse_usage_c",
     "region_size",
@@ -131,6 +134,17 @@ def parse_usage_c(tail: Bytes) -> Usage | None:
 
 
 parse_usage: Final = _usage.parse_usage if PURE_PYTHON else parse_usage_c
+
+
+def model_span_c(body: bytes) -> tuple[int, int] | None:
+    """``gateway.protocol.openai_request.find_model_span`` in C (``native/json_member.c``)."""
+    out = _ffi.new("int64_t[2]")
+    if not _native().gw_json_member_span(body, len(body), b"model", 5, out):
+        return None
+    return out[0], out[1]
+
+
+model_span: Final = find_model_span if PURE_PYTHON else model_span_c
 
 
 class TailBuffer:

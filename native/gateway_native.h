@@ -1,13 +1,15 @@
 /*
  * gateway_native.h: the C surface of gateway._gateway_native.
  *
- * Three independent parts:
+ * Four independent parts:
  *   - usage_tail.c: find the token usage in the last bytes of an LLM response (a pure function of bytes),
  *     and a fixed-capacity tail buffer that keeps those last bytes;
  *   - buckets.c: 64-bit atomics on caller-provided (usually shared) memory, and a lock-free table of GCRA
  *     rate buckets and concurrency gauges living in such memory;
  *   - usage_ring.c: single-producer/single-consumer rings of small records (usage records) in such
- *     memory, one ring per producer process and one consumer for all of them.
+ *     memory, one ring per producer process and one consumer for all of them;
+ *   - json_member.c: where a top-level member's string value sits in a JSON body (to rewrite the model
+ *     name without touching any other byte).
  *
  * No function here allocates, blocks, or performs I/O; the only system call is clock_gettime.
  *
@@ -160,6 +162,14 @@ int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int6
  * settling when used < 0: the reservation stands), give back every gauge place and clear its note. */
 int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, int64_t used,
                  char *notes, size_t notes_size, int64_t note_off, int64_t now_ns);
+
+/* ---- json_member.c ------------------------------------------------------------------------------ */
+
+/* The span [out[0], out[1]) of the string value, quotes included, of the last top-level member of the JSON
+ * object in data[0, len) whose name is exactly the key_len bytes at `key` (written without escapes).
+ * Returns 1 when found, 0 when not (out is then left untouched). For a body already parsed as JSON; never
+ * reads outside data[0, len) whatever the bytes. */
+int gw_json_member_span(const char *data, size_t len, const char *key, size_t key_len, int64_t *out);
 
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 

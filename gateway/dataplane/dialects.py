@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.native import Usage, parse_usage
+from gateway.native import Usage, model_span, parse_usage
 from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini
 from gateway.protocol.anthropic import MessagesRequest, estimate_input_tokens
 from gateway.protocol.anthropic_usage import AnthropicUsageMeter
@@ -257,7 +257,7 @@ class Outgoing:
     def _spliced(self, target: Target) -> bytes:
         info = self.info
         if info is not None and target.upstream_model != info.model:
-            return splice_model(self.body, info, target.upstream_model)
+            return splice_model(self.body, info, target.upstream_model, model_span)
         return self.body
 
     @staticmethod

@@ -13,6 +13,7 @@ Sans-I/O: bytes in, values out. JSON bodies are validated by a full parse (orjso
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +21,14 @@ import orjson
 
 from gateway.errors import BadRequest
 
-__all__ = ["RequestInfo", "inject_stream_usage", "inspect_json", "inspect_multipart", "splice_model"]
+__all__ = [
+    "RequestInfo",
+    "find_model_span",
+    "inject_stream_usage",
+    "inspect_json",
+    "inspect_multipart",
+    "splice_model",
+]
 
 # Where a string or a bracket starts (see _find_model_span), and a key's string value after its colon,
 # matched "unrolled" (runs of plain characters between escapes).
@@ -84,8 +92,9 @@ def inject_stream_usage(body: bytes) -> bytes:
     return body[:start] + _INCLUDE_USAGE + body[start:]
 
 
-def _find_model_span(body: bytes) -> tuple[int, int] | None:
+def find_model_span(body: bytes) -> tuple[int, int] | None:
     """Span of the top-level "model" value. The last occurrence wins, as it does for the JSON parser.
+    The reference for ``native/json_member.c``, which the request path uses (``gateway.native.model_span``).
 
     Only quotes and brackets are visited: a string is skipped with ``bytes.find`` to its closing quote
     (escaped quotes told apart by the backslashes before them), so a 100 KB prompt costs a few C-level
@@ -157,9 +166,15 @@ def _boundary(content_type: str) -> bytes:
     raise BadRequest("multipart/form-data body without a boundary")
 
 
-def splice_model(body: bytes, info: RequestInfo, upstream_model: str) -> bytes:
-    """The body with only the model value replaced; every other byte stays as the client sent it."""
-    span = info.model_span if info.multipart else _find_model_span(body)
+def splice_model(
+    body: bytes,
+    info: RequestInfo,
+    upstream_model: str,
+    find_span: Callable[[bytes], tuple[int, int] | None] = find_model_span,
+) -> bytes:
+    """The body with only the model value replaced; every other byte stays as the client sent it.
+    ``find_span`` locates the value (the C one on the request path)."""
+    span = info.model_span if info.multipart else find_span(body)
     if span is None:
         doc = orjson.loads(body)
         doc["model"] = upstream_model

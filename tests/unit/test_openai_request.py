@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway import native
 from gateway.errors import BadRequest
 from gateway.protocol.openai_request import (
-    _find_model_span,
+    find_model_span,
     inject_stream_usage,
     inspect_json,
     inspect_multipart,
@@ -170,7 +171,7 @@ def test_splice_agrees_with_the_parser(
     spliced = splice_model(body, info, 'upstream/é"x')
     assert orjson.loads(spliced) == {**doc, "model": 'upstream/é"x'}
     # Only the value's bytes changed.
-    span = _find_model_span(body)
+    span = find_model_span(body)
     assert span is not None
     assert (
         spliced[: span[0]] == body[: span[0]]
@@ -181,5 +182,55 @@ def test_splice_agrees_with_the_parser(
 def test_span_after_a_large_prompt_full_of_escaped_quotes() -> None:
     prompt = 'line with "quotes" and \\ backslashes\n' * 3000
     body = orjson.dumps({"messages": [{"role": "user", "content": prompt}], "model": "m", "max_tokens": 4})
-    span = _find_model_span(body)
+    span = find_model_span(body)
     assert span is not None and body[span[0] : span[1]] == b'"m"'
+
+
+# -- the C span finder (native/json_member.c) against this reference -------------------------------------
+
+needs_native = pytest.mark.skipif(not native.HAVE_NATIVE, reason="gateway._gateway_native is not built")
+
+
+@needs_native
+@pytest.mark.parametrize(
+    "body",
+    [
+        ODD,
+        b'{"model":"a","model":"b"}',  # the last wins
+        b'{"model":"a","model":7}',  # ... when it is a string; else the string before it
+        b'{"model":"a\\"b\\\\"}',
+        b'{"mod\\u0065l":"a"}',  # an escaped key is not looked for (the splice then re-serialises)
+        b'{"x":{"model":"inner"}}',
+        b'{"model"  :\n "spaced" }',
+        b'[{"model":"in an array"}]',
+        b'{"model":"unterminated',
+        b"",
+        b'"model"',
+    ],
+)
+def test_c_span_matches_the_reference(body: bytes) -> None:
+    assert native.model_span_c(body) == find_model_span(body)
+
+
+@needs_native
+@settings(max_examples=400, deadline=None)
+@given(
+    before=st.dictionaries(st.sampled_from(["messages", "model", 'a\\"b', "x"]), _JSON_VALUES, max_size=3),
+    after=st.dictionaries(st.sampled_from(["messages", "model", "tools"]), _JSON_VALUES, max_size=3),
+    indent=st.booleans(),
+)
+def test_c_span_matches_the_reference_on_json(
+    before: dict[str, object], after: dict[str, object], indent: bool
+) -> None:
+    body = orjson.dumps({**before, **after}, option=orjson.OPT_INDENT_2 if indent else 0)
+    assert native.model_span_c(body) == find_model_span(body)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300) | _TEXT.map(str.encode))
+def test_c_span_stays_in_bounds_on_any_bytes(body: bytes) -> None:
+    span = native.model_span_c(body)
+    if span is not None:
+        assert 0 <= span[0] < span[1] <= len(body)
+        assert body[span[0]] == 0x22 and body[span[1] - 1] == 0x22
