@@ -1,9 +1,12 @@
 """Everything the request path does around a forwarded request for limits, budgets and usage.
 
 ``admit`` runs after authorisation and model resolution, before anything is sent upstream: the budget
-check (402), the rate limits (429), and a request id. ``finish`` runs once the answer has ended, however it
-ended: it reads the usage from the response's tail, settles the token reservation, adds the spend to the
-principal's budget, and pushes one usage record to the control worker. I/O: none (shared memory only).
+check (402), the rate limits (429), and a request id. ``settle`` runs as the answer ends, before the client
+can see its end (the tap calls it just before a whole answer or a stream's last bytes go out): it reads the
+usage from the response's tail, settles the token reservation, gives concurrency back and adds the spend to
+the principal's budget, so that the client's next request already meets them. ``finish`` runs once the
+answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
+one usage record to the control worker. I/O: none (shared memory only).
 
 The request path sets ``Exchange.tag`` to the deciding routing rule's tag; the record carries it, cut to
 what fits the ring's slot (``gateway.usage_record.fit_tag``).
@@ -45,6 +48,8 @@ class Exchange:
     headers: list[tuple[str, str]]
     client_request_id: str | None = None
     tag: str | None = None  # the routing rule's usage tag, set by the request path once decided
+    # Set by ``settle``: (prompt, completion, cached, total, source, cost in nano-units, budget window key).
+    settled: tuple[int, int, int, int, str, int, int | None] | None = None
 
 
 class Accounting:
@@ -87,10 +92,11 @@ class Accounting:
             key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers, client_id
         )
 
-    def finish(
-        self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None, attempts: int = 1
-    ) -> None:
-        ended = time.perf_counter()
+    def settle(self, ex: Exchange, tap: ResponseTap, status: int) -> None:
+        """Count what the answer used (once): settle the token reservation and give the concurrency
+        places back, add the spend to the budget."""
+        if ex.settled is not None:
+            return
         usage = tap.usage()
         if usage is not None:
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
@@ -105,15 +111,24 @@ class Accounting:
             self.limiter.finish(ex.ticket, None if source == "estimated" else total)
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
-        now = time.time()
         budget_key = None
         budget = ex.key.principal.budget
         if budget is not None and self.budgets is not None:
-            budget_key = self.budgets.charge(budget, now, total, cost)
+            budget_key = self.budgets.charge(budget, time.time(), total, cost)
+        ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
+
+    def finish(
+        self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None, attempts: int = 1
+    ) -> None:
+        ended = time.perf_counter()
+        if ex.settled is None:
+            self.settle(ex, tap, status)
         if self.usage is not None:
+            assert ex.settled is not None
+            prompt, completion, cached, total, source, cost, budget_key = ex.settled
             record = encode_fields(
                 ex.request_id,
-                now,
+                time.time(),
                 ex.key.principal.id,
                 ex.key.id,
                 ex.model,

@@ -272,7 +272,7 @@ class ProxyApp:
             and self.settings.inject_stream_usage
         ):
             out.body = inject_stream_usage(body)
-        tap = ResponseTap(proto, exchange.headers)
+        tap = ResponseTap(proto, exchange.headers, lambda: accounting.settle(exchange, tap, tap.status))
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))

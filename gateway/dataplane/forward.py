@@ -127,8 +127,9 @@ class Forwarder:
         chunk otherwise. A streamed answer whose length the engine declared keeps that length, so a cut
         in the middle shows the client a short body instead of a cleanly ended one. A translated answer
         goes through its translation, event by event when streamed."""
-        if translation is not None and isinstance(proto, ResponseTap):
-            proto.meter = translation
+        tap = proto if isinstance(proto, ResponseTap) else None
+        if translation is not None and tap is not None:
+            tap.meter = translation
         headers = _response_headers(resp)
         length = resp.content_length
         streamed = length is None or resp.content_type == "text/event-stream"
@@ -150,14 +151,22 @@ class Forwarder:
                     headers, length = [_SSE_TYPE, ("cache-control", "no-cache")], None
                 elif length is not None:
                     headers.append(("content-length", str(length)))
-                await _relay_translated(proto.response_stream(resp.status, headers), resp, translation)
+                await _relay_translated(proto.response_stream(resp.status, headers), resp, translation, tap)
                 return
             if length is not None:
                 headers.append(("content-length", str(length)))
             transport = proto.response_stream(resp.status, headers)
+            # A tapped stream's end is announced before the client can see it: with its last piece when the
+            # engine's framing says which that is, else once the body ended, before the transport goes.
+            last = getattr(transport, "send_last", None)
             try:
                 async for chunk in resp:
-                    await transport.send_bytes(chunk)
+                    if last is not None and resp.ended:
+                        await last(chunk)
+                    else:
+                        await transport.send_bytes(chunk)
+                if tap is not None:
+                    tap.end()
             except UpstreamError as exc:
                 # granian ends the client's response only when the transport object is freed, and the
                 # exception pins this frame through its traceback: let go of both.
@@ -176,26 +185,38 @@ _SSE_TYPE = ("content-type", "text/event-stream")
 PING_EVERY = 10.0  # seconds of upstream silence after which an Anthropic client is sent a ping event
 
 
-async def _relay_translated(transport: Any, resp: UpstreamResponse, translation: Translation) -> None:
+async def _relay_translated(
+    transport: Any, resp: UpstreamResponse, translation: Translation, tap: ResponseTap | None
+) -> None:
     """A stream through its translation. A cut upstream ends it with the translation's error event (never
-    a made-up end of message); quiet stretches get the client protocol's keepalive where it has one."""
+    a made-up end of message); quiet stretches get the client protocol's keepalive where it has one. The
+    tap hears of the end before the translation's last events go out."""
     ping = translation.ping()
     quiet: _Keepalive | None = None
+    finished = False
     try:
         async for chunk in resp:
             data = translation.feed(chunk)
+            if resp.ended:  # the engine's last piece: the translation ends with it
+                data += translation.finish()
+                finished = True
+                if tap is not None:
+                    tap.end()
             if data:
                 await transport.send_bytes(data)
                 if quiet is not None:
                     quiet.last = time.monotonic()
-                elif ping is not None:
+                elif ping is not None and not finished:
                     # As Anthropic does: a ping right after message_start, then one per quiet stretch (never
-                    # before the stream's first event).
+                    # before the stream's first event, nor after its last).
                     await transport.send_bytes(ping)
                     quiet = _Keepalive(transport, ping)
-        tail = translation.finish()
-        if tail:
-            await transport.send_bytes(tail)
+        if not finished:
+            tail = translation.finish()
+            if tap is not None:
+                tap.end()
+            if tail:
+                await transport.send_bytes(tail)
     except UpstreamError as exc:
         tail = translation.finish()
         if tail:

@@ -110,6 +110,13 @@ class UpstreamResponse:
         conn.buffered = 0
         return data
 
+    @property
+    def ended(self) -> bool:
+        """Every piece of the body has arrived and been handed out (the last ``async for`` piece was the
+        last one)."""
+        conn = self._conn
+        return conn is None or (conn.complete and not conn.pieces)
+
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
 

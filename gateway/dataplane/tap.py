@@ -12,6 +12,7 @@ I/O: none of its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.native import TailBuffer, Usage, parse_usage
@@ -22,11 +23,17 @@ TAIL_BYTES = 4096
 
 
 class ResponseTap:
-    __slots__ = ("_proto", "extra_headers", "meter", "started", "status", "tail", "whole")
+    __slots__ = ("_proto", "extra_headers", "meter", "on_end", "started", "status", "tail", "whole")
 
-    def __init__(self, proto: Any, extra_headers: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, proto: Any, extra_headers: list[tuple[str, str]], on_end: Callable[[], None] | None = None
+    ) -> None:
         self._proto = proto
         self.extra_headers = extra_headers
+        # Called once, just before the client can see the answer's end: a whole answer's bytes, or (from
+        # the forwarder, ``end``) a stream's last ones. Accounting settles there, so that the client's
+        # next request already meets this one's spend and released places.
+        self.on_end = on_end
         self.status = 0
         self.started: float | None = None  # perf_counter when the answer started
         self.whole: bytes | None = None
@@ -47,7 +54,14 @@ class ResponseTap:
         self.started = time.perf_counter()
         self.status = status
         self.whole = body
+        self.end()
         self._proto.response_bytes(status, headers + self.extra_headers, body)
+
+    def end(self) -> None:
+        on_end = self.on_end
+        if on_end is not None:
+            self.on_end = None
+            on_end()
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Any:
         self.started = time.perf_counter()
@@ -56,7 +70,7 @@ class ResponseTap:
         if self.meter is not None:
             return transport
         self.tail = TailBuffer(TAIL_BYTES)
-        return _TapTransport(transport, self.tail)
+        return _TapTransport(transport, self.tail, self)
 
     def usage(self) -> Usage | None:
         """Usage from the last bytes of a successful answer, parsed once; None when absent or not 2xx."""
@@ -74,12 +88,19 @@ class ResponseTap:
 
 
 class _TapTransport:
-    __slots__ = ("_tail", "_transport")
+    __slots__ = ("_tail", "_tap", "_transport")
 
-    def __init__(self, transport: Any, tail: TailBuffer) -> None:
+    def __init__(self, transport: Any, tail: TailBuffer, tap: ResponseTap) -> None:
         self._transport = transport
         self._tail = tail
+        self._tap = tap
 
     async def send_bytes(self, data: bytes) -> None:
         self._tail.append(data)
+        await self._transport.send_bytes(data)
+
+    async def send_last(self, data: bytes) -> None:
+        """The stream's last bytes: kept, then the answer's end is announced, then they go out."""
+        self._tail.append(data)
+        self._tap.end()
         await self._transport.send_bytes(data)

@@ -4,19 +4,22 @@ records in order when its ring is full. Store-backed tests run on SQLite and on 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
 import pytest
 
 from gateway import native
-from gateway.budget import period_window, window_key
+from gateway.budget import Budget, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage_sink import UsageSink
 from gateway.dataplane.accounting import Accounting
+from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
@@ -434,3 +437,64 @@ def test_request_ids_are_unique_per_log() -> None:
     ids = [a.request_id() for _ in range(1000)] + [b.request_id() for _ in range(1000)]
     assert len(set(ids)) == 2000
     assert all(len(i) == 24 for i in ids)
+
+
+class _Recorder:
+    """An RSGI protocol stand-in that notes, at each send, what the budget's spend was by then."""
+
+    def __init__(self, spent: Callable[[], int]) -> None:
+        self.spent = spent
+        self.seen: list[tuple[str, int]] = []
+
+    def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.seen.append(("whole", self.spent()))
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Recorder:
+        return self
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.seen.append((data.decode()[:12], self.spent()))
+
+
+def _budgeted() -> tuple[Accounting, KeyEntry, Callable[[], int]]:
+    table = BucketTable.create_layout(bytearray(region_size(64)), 64)
+    budget = Budget.from_doc("p1", {"period": "day", "tokens": 10**6})
+    assert budget is not None
+    principal = Principal("p1", "alice", True, frozenset(), budget=budget)
+    accounting = Accounting(None, BudgetGuard(table, "e"), None)
+    return (
+        accounting,
+        KeyEntry("k1", principal, None),
+        lambda: table.spend(budget.key_at("e", time.time()))[0],
+    )
+
+
+_ANSWER = b'{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}'
+
+
+def test_a_whole_answer_is_settled_before_the_client_gets_it() -> None:
+    accounting, key, spent = _budgeted()
+    ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
+    assert ex is not None
+    proto = _Recorder(spent)
+    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    tap.response_bytes(200, [], _ANSWER)
+    assert proto.seen == [("whole", 7)]  # the next request would already meet this spend
+    accounting.finish(ex, tap, 200, "b")  # settles once
+    assert spent() == 7
+
+
+def test_a_stream_is_settled_before_its_last_piece_goes_out() -> None:
+    accounting, key, spent = _budgeted()
+    ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
+    assert ex is not None
+    proto = _Recorder(spent)
+    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    transport = tap.response_stream(200, [])
+
+    async def relay() -> None:
+        await transport.send_bytes(b"data: {}\n\n")
+        await transport.send_last(b"data: " + _ANSWER + b"\n\ndata: [DONE]\n\n")
+
+    asyncio.run(relay())
+    assert proto.seen == [("data: {}\n\n", 0), ('data: {"usag', 7)]
