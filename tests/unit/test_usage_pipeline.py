@@ -253,6 +253,18 @@ def test_insert_writes_each_request_id_once(store: Store) -> None:
     assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(8)]
 
 
+def test_a_large_batch_is_written_whole_and_once(store: Store) -> None:
+    # Several statements of many rows, a remainder, duplicates inside one statement and across them, and
+    # ids stored by an earlier batch.
+    store.usage.insert([rec(i) for i in range(0, 100, 7)])
+    batch = [rec(i % 45) for i in range(90)] + [rec(44, tokens=99)]
+    new = store.usage.insert(batch, lambda r: True)
+    assert sorted({r.request_id for r in new}) == [f"req-{i:06d}" for i in range(45) if i % 7]
+    assert store.usage.count() == 45 + len([i for i in range(45, 100, 7)])
+    stored = {r.request_id: r for r in store.usage.records()}
+    assert stored["req-000044"].total_tokens == 10  # the first of the duplicates is the one kept
+
+
 def test_budget_keys_of_both_halves_are_stored(store: Store) -> None:
     keys = {"req-000001": 2**64 - 1, "req-000002": None, "req-000003": 5, "req-000004": 2**63}
     store.usage.insert([rec(int(rid[4:]), budget_key=key) for rid, key in keys.items()])

