@@ -186,9 +186,9 @@ class Limiter:
             raise _refused(what, limit, math.inf if out[1] < 0 else out[1] / 1e9)
         headers: list[tuple[str, str]] = []
         if out[2] >= 0:
-            headers += _headers("requests", out[3], *plan.headers[out[2]])
+            _add_headers(headers, _REQUESTS, out[3], *plan.headers[out[2]])
         if out[4] >= 0:
-            headers += _headers("tokens", out[5], *plan.headers[out[4]])
+            _add_headers(headers, _TOKENS, out[5], *plan.headers[out[4]])
         return Ticket(plan, tokens, note, headers)
 
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
@@ -200,13 +200,25 @@ class Limiter:
         ticket.note = -1
 
 
-def _headers(kind: str, remaining: int, limit: int, shown: str, rate: float) -> list[tuple[str, str]]:
+_REQUESTS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
+_TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
+
+
+def _add_headers(
+    headers: list[tuple[str, str]],
+    names: tuple[str, str, str],
+    remaining: int,
+    limit: int,
+    shown: str,
+    rate: float,
+) -> None:
+    """The limit, what remains of it, and how long until the bucket is full again (OpenAI's ``1.5s``)."""
     remaining = remaining if remaining > 0 else 0
-    return [
-        (f"x-ratelimit-limit-{kind}", shown),
-        (f"x-ratelimit-remaining-{kind}", str(remaining)),
-        (f"x-ratelimit-reset-{kind}", f"{(limit - remaining) / rate:.3f}s"),
-    ]
+    headers += (
+        (names[0], shown),
+        (names[1], str(remaining)),
+        (names[2], f"{(limit - remaining) / rate:.3f}s"),
+    )
 
 
 def _refused(what: str, limit: int, retry_after: float) -> RateLimited:
