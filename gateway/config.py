@@ -40,9 +40,9 @@ class Settings:
     event_loop: str = field(
         default_factory=lambda: os.environ.get("GATEWAY_EVENT_LOOP", "uvloop")
     )  # or asyncio
-    # Pin proxy worker i to the i-th usable core: "auto" when there are as many workers as cores (the
-    # default), "on" always (round robin over the cores), "off" never.
-    cpu_affinity: str = field(default_factory=lambda: os.environ.get("GATEWAY_CPU_AFFINITY", "auto"))
+    # Pin proxy worker i to the i-th usable core: "on" always (round robin over the cores), "auto" when
+    # there are as many workers as cores, "off" never (the default: pinning slows streams, see worker.py).
+    cpu_affinity: str = field(default_factory=lambda: os.environ.get("GATEWAY_CPU_AFFINITY", "off"))
     engine_scrape_interval: float = 2.0  # seconds between reads of the backends' /metrics and probes; 0: off
     drain_delay: float = 0.0  # seconds /readyz says 503 before the listener closes (behind a load balancer)
     max_body_bytes: int = 32 * 1024 * 1024

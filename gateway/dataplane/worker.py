@@ -82,9 +82,11 @@ def pin_to_core(settings: Settings, index: int) -> int | None:
     """Pin this worker to one core, before granian starts its threads (they inherit it); returns the core.
 
     Each request crosses threads several times (granian's runtime thread reads it, its blocking thread
-    hands it to the event loop, the body and the answer cross back), and a hand-over within one core is
-    cheaper than one that wakes another: measured, pinning serves 4% more requests per second at 64
-    connections and 8% more at 8 (perf/README.md). Only where the worker may run on several cores."""
+    hands it to the event loop, the body and the answer cross back), and for a small answer a hand-over
+    within one core is cheaper than one that wakes another. A stream is the other way round: granian's
+    thread writes each chunk while the loop reads the next, which needs two cores. Measured
+    (perf/README.md): pinned, small answers gain a few percent of req/s and 256-token streams lose ~10%
+    of streams/s, so it is off unless asked for. Only where the worker may run on several cores."""
     mode = settings.cpu_affinity
     if mode not in ("auto", "on", "off"):
         log.warning("unknown cpu affinity %r (auto, on or off): taking auto", mode)

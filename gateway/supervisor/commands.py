@@ -87,8 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--cpu-affinity",
         choices=("auto", "on", "off"),
-        help="pin each proxy worker (its event loop and granian's threads) to one core: auto = when there "
-        "are as many workers as usable cores (env GATEWAY_CPU_AFFINITY; auto)",
+        help="pin each proxy worker (its event loop and granian's threads) to one core: on, auto (when there "
+        "are as many workers as usable cores) or off; faster small answers, slower streams "
+        "(env GATEWAY_CPU_AFFINITY; off)",
     )
     p.add_argument(
         "--engine-scrape-interval",
