@@ -2,7 +2,8 @@
 
 - snapshot build time, document size and a proxy worker's decode time for 1k, 10k and 100k keys;
 - usage ingestion into the store, records per second, for SQLite and PostgreSQL (a throwaway cluster
-  from Debian's packages, as the tests start it; skipped when PostgreSQL is not installed);
+  from Debian's packages, as the tests start it; skipped when PostgreSQL is not installed), and the
+  control worker's whole drain (ring, decode, store, metrics) in CPU µs per record on SQLite;
 - time from a config write (``gateway keys create``) to every proxy worker of a running gateway
   accepting the new key.
 
@@ -25,8 +26,11 @@ from gateway.config import Settings
 from gateway.controlplane.configfile import parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
+from gateway.controlplane.usage_sink import UsageSink
+from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.snapshot import Snapshot
-from gateway.usage_record import UsageRecord
+from gateway.supervisor.commands import RING_SLOT_BYTES
+from gateway.usage_record import UsageRecord, encode_record
 
 CONFIG = {
     "backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
@@ -98,10 +102,35 @@ def ingestion(store: Store, total: int = 40_960, batch: int = 2048) -> float:
     return total / (time.perf_counter() - started)
 
 
+def drain_us(total: int = 40_960, batch: int = 2048) -> float:
+    """CPU µs per record of ``UsageSink.drain``: records pushed into a ring as proxy workers push them,
+    then read, decoded, written to SQLite and counted in the metrics, in batches of ``batch``."""
+    ring = UsageRing.create_layout(
+        bytearray(ring_region_size(1, 2 * batch, RING_SLOT_BYTES)), 1, 2 * batch, RING_SLOT_BYTES
+    )
+    table = BucketTable.create_layout(bytearray(region_size(1024)), 1024)
+    encoded = [encode_record(r) for r in records(total, 0)]
+    spent = 0.0
+    with tempfile.TemporaryDirectory() as tmp, open_store(Settings(data_dir=Path(tmp))) as store:
+        sink = UsageSink(store, ring, table, "bench")
+        for start in range(0, total, batch):
+            for data in encoded[start : start + batch]:
+                ring.push(0, data)
+            began = time.process_time()
+            while sink.drain():
+                pass
+            spent += time.process_time() - began
+        assert store.usage.count() == total
+    return spent / total * 1e6
+
+
 def ingestion_figures() -> list[str]:
     rows = ["| store | records/s (batches of 2048) |", "|---|---:|"]
     with tempfile.TemporaryDirectory() as tmp, open_store(Settings(data_dir=Path(tmp))) as store:
         rows.append(f"| SQLite (WAL, synchronous=NORMAL) | {ingestion(store):,.0f} |")
+    rows.append(
+        f"| control worker's drain, SQLite: ring, decode, store, metrics | {drain_us():.2f} µs per record |"
+    )
     try:
         from tests.fixtures.postgres import PostgresServer, _bindir
     except ImportError:
@@ -166,10 +195,16 @@ def propagation_figures(rounds: int = 5) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.control_bench", description=__doc__.split("\n")[0])
     p.add_argument("--keys", default="1000,10000,100000", help="key counts for the snapshot figures")
+    p.add_argument("--parts", default="snapshot,usage,propagation", help="which figures, comma-separated")
     args = p.parse_args(argv)
-    out = ["## Snapshot", "", *snapshot_figures([int(k) for k in args.keys.split(",")]), ""]
-    out += ["## Usage ingestion", "", *ingestion_figures(), ""]
-    out += ["## Config write to serving", "", *propagation_figures(), ""]
+    parts = set(args.parts.split(","))
+    out: list[str] = []
+    if "snapshot" in parts:
+        out += ["## Snapshot", "", *snapshot_figures([int(k) for k in args.keys.split(",")]), ""]
+    if "usage" in parts:
+        out += ["## Usage ingestion", "", *ingestion_figures(), ""]
+    if "propagation" in parts:
+        out += ["## Config write to serving", "", *propagation_figures(), ""]
     print("\n".join(out))
     return 0
 
