@@ -18,6 +18,7 @@ answer nothing.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -26,10 +27,13 @@ from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
+from gateway.native import NativeError
 from gateway.snapshot import KeyEntry, Route
 from gateway.usage_record import encode_fields, fit_tag
 
 __all__ = ["Accounting", "Exchange"]
+
+log = logging.getLogger("gateway.dataplane")
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
@@ -107,14 +111,22 @@ class Accounting:
         else:
             prompt = completion = cached = total = 0
             source = "none"
-        if ex.ticket is not None and self.limiter is not None:
-            self.limiter.finish(ex.ticket, None if source == "estimated" else total)
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
         budget_key = None
         budget = ex.key.principal.budget
-        if budget is not None and self.budgets is not None:
-            budget_key = self.budgets.charge(budget, time.time(), total, cost)
+        # Settled once even if the shared table fails (it is full): the answer still goes out and its record
+        # is still written; a spend the live counter missed reaches the budget through the store instead
+        # (the record then names no live counter, so the control worker folds it into the base).
+        ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
+        try:
+            if ex.ticket is not None and self.limiter is not None:
+                self.limiter.finish(ex.ticket, None if source == "estimated" else total)
+            if budget is not None and self.budgets is not None:
+                budget_key = self.budgets.charge(budget, time.time(), total, cost)
+        except NativeError as exc:
+            log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
+            return
         ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
 
     def finish(

@@ -510,3 +510,23 @@ def test_a_stream_is_settled_before_its_last_piece_goes_out() -> None:
 
     asyncio.run(relay())
     assert proto.seen == [("data: {}\n\n", 0), ('data: {"usag', 7)]
+
+
+def test_a_full_bucket_table_loses_no_answer_and_no_record() -> None:
+    table = BucketTable.create_layout(bytearray(region_size(1)), 1)
+    table.acquire(12345, 1)  # the only slot, taken by another key: the budget's window cannot get one
+    ring = UsageRing.create_layout(bytearray(ring_region_size(1, 4, RING_SLOT_BYTES)), 1, 4, RING_SLOT_BYTES)
+    budget = Budget.from_doc("p1", {"period": "day", "tokens": 10**6})
+    assert budget is not None
+    accounting = Accounting(None, BudgetGuard(table, "e"), UsageLog(ring, 0))
+    key = KeyEntry("k1", Principal("p1", "alice", True, frozenset(), budget=budget), None)
+    ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
+    assert ex is not None
+    proto = _Recorder(lambda: 0)
+    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    tap.response_bytes(200, [], _ANSWER)
+    assert proto.seen == [("whole", 0)]  # the answer went out
+    accounting.finish(ex, tap, 200, "b")
+    (data,) = ring.read(0)
+    record = decode_record(data)
+    assert (record.total_tokens, record.budget_key) == (7, None)  # the store carries the spend instead
