@@ -115,10 +115,9 @@ class Accounting:
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
         budget_key = None
         budget = ex.key.principal.budget
-        # Settled once even if the shared table fails (it is full): the answer still goes out and its record
-        # is still written; a spend the live counter missed reaches the budget through the store instead
+        # A shared table that fails (it is full) is logged, not raised: the answer still goes out and its
+        # record is still written; a spend the live counter missed reaches the budget through the store
         # (the record then names no live counter, so the control worker folds it into the base).
-        ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
         try:
             if ex.ticket is not None and self.limiter is not None:
                 self.limiter.finish(ex.ticket, None if source == "estimated" else total)
@@ -126,7 +125,6 @@ class Accounting:
                 budget_key = self.budgets.charge(budget, time.time(), total, cost)
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
-            return
         ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
 
     def finish(

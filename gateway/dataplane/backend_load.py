@@ -115,22 +115,13 @@ class BackendLoad:
         if self.table is None:
             self._local[backend.name] = self._local.get(backend.name, 0) + 1
             return Place(0, -1)
-        key = self._key(backend.name)[0]
-        holdings = self.holdings
-        note = holdings.take() if holdings is not None else -1
-        if self.table.enter(key, self.ceiling(backend), self.notes, note):
-            return Place(key, note)
-        if holdings is not None:
-            holdings.give(note)
-        return None
+        return self._take(self._key(backend.name)[0], self.ceiling(backend))
 
     def leave(self, backend: Backend, place: Place) -> None:
         if self.table is None:
             self._local[backend.name] -= 1
         else:
-            self.table.leave(place.key, self.notes, place.note)
-            if self.holdings is not None:
-                self.holdings.give(place.note)
+            self._give(place)
         if self._waiting:
             self._freed.set()
             self._freed = asyncio.Event()
@@ -139,12 +130,8 @@ class BackendLoad:
         """A place on the first of ``targets`` whose gate opens, within the first one's queue bounds."""
         first = targets[0].backend
         queue_key = self._key(first.name)[1]
-        if self.table is None:
-            raise self._refusal(first, "its queue is full")
-        note = self.holdings.take() if self.holdings is not None else -1
-        if not self.table.enter(queue_key, first.queue_size, self.notes, note):
-            if self.holdings is not None:
-                self.holdings.give(note)
+        queued = self._take(queue_key, first.queue_size) if self.table is not None else None
+        if queued is None:
             raise self._refusal(first, "its queue is full")
         self._waiting += 1
         try:
@@ -163,9 +150,24 @@ class BackendLoad:
                     pass
         finally:
             self._waiting -= 1
-            self.table.leave(queue_key, self.notes, note)
-            if self.holdings is not None:
-                self.holdings.give(note)
+            self._give(queued)
+
+    def _take(self, key: int, limit: int) -> Place | None:
+        """One of ``limit`` places on gauge ``key``, noted in a block of this worker's holdings."""
+        assert self.table is not None
+        holdings = self.holdings
+        note = holdings.take() if holdings is not None else -1
+        if self.table.enter(key, limit, self.notes, note):
+            return Place(key, note)
+        if holdings is not None:
+            holdings.give(note)
+        return None
+
+    def _give(self, place: Place) -> None:
+        assert self.table is not None
+        self.table.leave(place.key, self.notes, place.note)
+        if self.holdings is not None:
+            self.holdings.give(place.note)
 
     @staticmethod
     def _refusal(backend: Backend, why: str) -> GateFull:
