@@ -168,7 +168,8 @@ class Limiter:
 
     def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
         """Take what the request needs from every scope, or take nothing and raise RateLimited."""
-        plan = self.plan(key, model)
+        cached = self._plans.get((id(key), model))
+        plan = cached[1] if cached is not None and cached[0] is key else self.plan(key, model)
         if plan is None:
             return None
         if self.shares is not None:
@@ -176,7 +177,10 @@ class Limiter:
             for scope in plan.scopes:
                 traffic[scope] = traffic.get(scope, 0) + 1
         holdings = self.holdings
-        note = holdings.take() if holdings is not None and plan.admission.gauges else -1
+        if holdings is not None and plan.admission.gauges:
+            note = holdings.free.pop() if holdings.free else holdings.take()
+        else:
+            note = -1
         out = self.table.admit(plan.admission, tokens, self.notes, note)
         refused = out[0]
         if refused >= 0:
@@ -194,9 +198,10 @@ class Limiter:
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
         """Settle reserved tokens against what the request really used (when known); release concurrency."""
         used = -1 if used_tokens is None else used_tokens
-        self.table.finish(ticket.plan.admission, ticket.tokens, used, self.notes, ticket.note)
-        if self.holdings is not None:
-            self.holdings.give(ticket.note)
+        note = ticket.note
+        self.table.finish(ticket.plan.admission, ticket.tokens, used, self.notes, note)
+        if note >= 0 and self.holdings is not None:
+            self.holdings.free.append(note)  # Holdings.give, inline: once per request
         ticket.note = -1
 
 

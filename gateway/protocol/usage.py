@@ -43,8 +43,7 @@ gives ``prompt_tokens == 0``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 __all__ = [
     "DEFAULT_TAIL_CAPACITY",
@@ -62,9 +61,9 @@ MAX_DEPTH: Final = 32
 MAX_OBJECT_ATTEMPTS: Final = 16
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Token counts of one response, each in ``[0, 2**53]``; ``cached_tokens`` are part of the prompt."""
+class Usage(NamedTuple):
+    """Token counts of one response, each in ``[0, 2**53]``; ``cached_tokens`` are part of the prompt. A
+    tuple: built once per response on the request path, where a frozen dataclass costs twice as much."""
 
     prompt_tokens: int
     completion_tokens: int
