@@ -54,6 +54,10 @@ class Settings:
     disconnect_watch_after: float = 0.25  # seconds a request runs before client disconnects are watched
     backpressure: int = 4096  # concurrent connections per worker granian accepts
     usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
+    # x-ratelimit-* headers on answers to rate-limited keys; off saves granian's per-header cost
+    rate_limit_headers: bool = field(
+        default_factory=lambda: os.environ.get("GATEWAY_RATE_LIMIT_HEADERS", "1") != "0"
+    )
     inject_stream_usage: bool = True  # ask engines for a stream's usage when the client did not
     usage_ring_slots: int = 4096  # records each proxy worker's ring holds (1 KiB each)
     usage_drain_interval: float = 0.1  # how often the control worker moves records into the store

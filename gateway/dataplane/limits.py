@@ -126,7 +126,8 @@ class Ticket:
 
 
 class Limiter:
-    """``shared=True`` on proxy-role hosts: each scope's limits are scaled by this host's share of them
+    """``headers=False`` (``--no-rate-limit-headers``) leaves the x-ratelimit-* headers off admitted answers.
+    ``shared=True`` on proxy-role hosts: each scope's limits are scaled by this host's share of them
     (``set_shares``, from the control plane; see ``gateway.controlplane.shares``), and the requests each
     scope admits are counted in ``traffic`` for the next reconciliation.
 
@@ -134,8 +135,16 @@ class Limiter:
     immutable and replaced with each snapshot generation), so admitting a request is one C call and
     finishing it another."""
 
-    def __init__(self, table: BucketTable, holdings: Holdings | None = None, *, shared: bool = False) -> None:
+    def __init__(
+        self,
+        table: BucketTable,
+        holdings: Holdings | None = None,
+        *,
+        shared: bool = False,
+        headers: bool = True,
+    ) -> None:
         self.table = table
+        self.headers = headers  # the x-ratelimit-* headers on admitted answers
         self.holdings = holdings
         self.notes = holdings.words if holdings is not None else None
         self.shares: dict[str, float] | None = {} if shared else None
@@ -189,10 +198,11 @@ class Limiter:
             what, limit = plan.what[refused]
             raise _refused(what, limit, math.inf if out[1] < 0 else out[1] / 1e9)
         headers: list[tuple[str, str]] = []
-        if out[2] >= 0:
-            _add_headers(headers, _REQUESTS, out[3], *plan.headers[out[2]])
-        if out[4] >= 0:
-            _add_headers(headers, _TOKENS, out[5], *plan.headers[out[4]])
+        if self.headers:
+            if out[2] >= 0:
+                _add_headers(headers, _REQUESTS, out[3], *plan.headers[out[2]])
+            if out[4] >= 0:
+                _add_headers(headers, _TOKENS, out[5], *plan.headers[out[4]])
         return Ticket(plan, tokens, note, headers)
 
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:

@@ -124,6 +124,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="do not record usage per request (also GATEWAY_USAGE_RECORDS=0); budgets still apply",
     )
     p.add_argument(
+        "--no-rate-limit-headers",
+        dest="rate_limit_headers",
+        action="store_const",
+        const=False,
+        help="leave the x-ratelimit-* headers off answers (also GATEWAY_RATE_LIMIT_HEADERS=0); the limits "
+        "still apply, and a refusal still says when to retry",
+    )
+    p.add_argument(
         "--no-inject-stream-usage",
         dest="inject_stream_usage",
         action="store_const",

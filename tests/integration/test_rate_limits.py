@@ -23,8 +23,11 @@ limits = {{ {limits} }}
 """
 
 
-def start(tmp_path: Path, engine: MockEngine, limits: str) -> tuple[Gateway, str]:
-    gw = Gateway(tmp_path, basic_config({"a": engine.url}, extra=LIMITED.format(limits=limits)), workers=4)
+def start(
+    tmp_path: Path, engine: MockEngine, limits: str, extra: tuple[str, ...] = (), workers: int = 4
+) -> tuple[Gateway, str]:
+    config = basic_config({"a": engine.url}, extra=LIMITED.format(limits=limits))
+    gw = Gateway(tmp_path, config, workers=workers, extra=extra)
     key = gw.create_key("limited")
     # Every worker must know the key (each re-reads the snapshot on its own): ask on fresh connections, which
     # SO_REUSEPORT spreads over all four, until they all say yes.
@@ -71,6 +74,18 @@ def test_requests_per_minute_exact_across_four_workers(tmp_path: Path, mock_engi
             assert int(r.headers["retry-after"]) >= 1
             assert r.json()["error"]["type"] == "rate_limit_error"
         assert ok[0].headers["x-ratelimit-limit-requests"] == "100"
+    finally:
+        gw.stop()
+
+
+def test_rate_limit_headers_can_be_left_off(tmp_path: Path, mock_engine: MockEngine) -> None:
+    gw, key = start(tmp_path, mock_engine, "requests_per_minute = 3", ("--no-rate-limit-headers",), workers=2)
+    try:
+        responses = fire(gw, key, 5, threads=1)
+        assert [r.status_code for r in responses] == [200, 200, 200, 429, 429]
+        assert not [h for r in responses for h in r.headers if h.startswith("x-ratelimit-")]
+        assert int(responses[-1].headers["retry-after"]) >= 1
+        assert responses[0].headers["x-request-id"]  # the other headers the gateway adds stay
     finally:
         gw.stop()
 

@@ -57,6 +57,16 @@ def test_requests_per_minute_admits_the_burst_then_refuses(limiter: Limiter) -> 
     assert dict(tickets[0].headers)["x-ratelimit-limit-requests"] == "3"  # type: ignore[union-attr]
 
 
+def test_headers_off_still_limits_and_says_when_to_retry(limiter: Limiter) -> None:
+    quiet = Limiter(limiter.table, headers=False)
+    key = key_with({"rpm": 2, "tpm": 1000})
+    tickets = [quiet.admit(key, "chat", 10) for _ in range(2)]
+    assert [t.headers for t in tickets if t is not None] == [[], []]
+    with pytest.raises(RateLimited) as refused:
+        quiet.admit(key, "chat", 10)
+    assert int(refused.value.headers["retry-after"]) >= 1
+
+
 def test_a_refused_request_takes_nothing_from_other_scopes(limiter: Limiter) -> None:
     key = key_with({"rpm": 10}, {"rpm": 1})
     limiter.admit(key, "chat", 1)
