@@ -324,6 +324,14 @@ def _too_long(state: int, limit: int) -> str:
     return f"response {what} larger than {limit} bytes"
 
 
+# The framing headers under the spellings engines use.
+_FRAMING: Final = {
+    spelling: name
+    for name in ("content-length", "transfer-encoding", "content-type", "connection")
+    for spelling in (name, name.title())
+}
+
+
 def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
     """``block``: the status line and header lines, each with its CRLF, and the final CRLF."""
     text = block[:-2].decode("latin-1")
@@ -331,8 +339,9 @@ def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
     m = _STATUS_LINE.fullmatch(text, 0, eol)
     if m is None:
         raise HTTP1Error(f"malformed status line {text[: min(eol, 60)]!r}")
-    minor = int(m.group(1))
-    status = int(m.group(2))
+    minor_text, status_text, reason = m.groups()
+    minor = int(minor_text)
+    status = int(status_text)
     if status < 100:
         raise HTTP1Error(f"status {status} is out of range")
     headers: list[tuple[str, str]] = _HEADER_LINE.findall(text, eol + 2)
@@ -347,9 +356,11 @@ def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
     content_type = ""
     tokens = ""
     for name, value in headers:
-        if not 10 <= len(name) <= 17:  # cheaper than lower() for the names that matter here
-            continue
-        lname = name.lower()
+        lname = _FRAMING.get(name)  # the usual spellings in one lookup; others lowered when they could match
+        if lname is None:
+            if not 10 <= len(name) <= 17:
+                continue
+            lname = name.lower()
         if lname == "content-length":
             if length is None and value.isdigit() and value.isascii():
                 length = int(value)
@@ -367,7 +378,9 @@ def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
         # Both framings at once is how responses get smuggled: believe chunked, then drop the connection.
         length = None
         conflicting = True
-    if tokens:
+    if tokens == ",keep-alive":  # what almost every HTTP/1.1 engine sends
+        keep_alive = True
+    elif tokens:
         options = {t.strip(" \t") for t in tokens.split(",")}
         keep_alive = "close" not in options and (minor >= 1 or "keep-alive" in options)
     else:
@@ -375,7 +388,7 @@ def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
     if conflicting or (chunked and minor == 0):
         keep_alive = False
     return ResponseHead(
-        status, m.group(3) or "", min(minor, 1), headers, length, content_type, chunked, keep_alive
+        status, reason or "", min(minor, 1), headers, length, content_type, chunked, keep_alive
     )
 
 
