@@ -110,8 +110,12 @@ class _Plan:
         self.scopes = tuple(scope.scope for scope in scopes)
         names = {LIMIT_REQUESTS: "requests per minute", LIMIT_TOKENS: "tokens per minute"}
         self.what = [(names.get(kind, "concurrent requests"), limit) for kind, _, limit, _ in rows]
-        # Per rate limit: (its limit, as the header writes it, its rate), for the x-ratelimit-* headers.
-        self.headers = [(limit, str(limit), rate) for _, _, limit, rate in rows]
+        # Per limit, for the x-ratelimit-* headers of a requests or tokens bucket: its limit header (the same
+        # tuple every time), the names of the other two, its limit and its rate.
+        self.headers: list[tuple[tuple[str, str], str, str, int, float]] = []
+        for kind, _, limit, rate in rows:
+            header = _TOKENS if kind == LIMIT_TOKENS else _REQUESTS
+            self.headers.append(((header[0], str(limit)), header[1], header[2], limit, rate))
 
 
 @dataclass(slots=True)
@@ -200,9 +204,9 @@ class Limiter:
         headers: list[tuple[str, str]] = []
         if self.headers:
             if out[2] >= 0:
-                _add_headers(headers, _REQUESTS, out[3], *plan.headers[out[2]])
+                headers += _headers(plan.headers[out[2]], out[3])
             if out[4] >= 0:
-                _add_headers(headers, _TOKENS, out[5], *plan.headers[out[4]])
+                headers += _headers(plan.headers[out[4]], out[5])
         return Ticket(plan, tokens, note, headers)
 
     def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
@@ -219,20 +223,17 @@ _REQUESTS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-
 _TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
-def _add_headers(
-    headers: list[tuple[str, str]],
-    names: tuple[str, str, str],
-    remaining: int,
-    limit: int,
-    shown: str,
-    rate: float,
-) -> None:
-    """The limit, what remains of it, and how long until the bucket is full again (OpenAI's ``1.5s``)."""
-    remaining = remaining if remaining > 0 else 0
-    headers += (
-        (names[0], shown),
-        (names[1], str(remaining)),
-        (names[2], f"{(limit - remaining) / rate:.3f}s"),
+def _headers(
+    row: tuple[tuple[str, str], str, str, int, float], remaining: int
+) -> tuple[tuple[str, str], ...]:
+    """A bucket's limit, what remains of it, and how long until it is full again (OpenAI's ``1.5s``)."""
+    limit_header, remaining_name, reset_name, limit, rate = row
+    if remaining < 0:
+        remaining = 0
+    return (
+        limit_header,
+        (remaining_name, str(remaining)),
+        (reset_name, f"{(limit - remaining) / rate:.3f}s"),
     )
 
 
