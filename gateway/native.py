@@ -122,19 +122,17 @@ def parse_usage_c(tail: Bytes) -> Usage | None:
     """``gateway.protocol.usage.parse_usage`` in C. ``bytes`` are passed without a copy; so is a
     ``memoryview`` slice such as ``memoryview(body)[-4096:]``."""
     lib = _native()
-    out = _USAGE_OUT
+    out = _ffi.new("gw_usage *")
     if type(tail) is bytes:
         found = lib.gw_usage_parse(tail, len(tail), out)
     else:
         with _ffi.from_buffer(tail) as view:
             found = lib.gw_usage_parse(view, len(view), out)
-    return _tuple_new(Usage, _ffi.unpack(_USAGE_WORDS, 4)) if found else None
+    return _usage_of(out) if found else None
 
 
-# The C functions run with the GIL held (see native/_ffi_build.py), so one result buffer per process is
-# enough; it is read as four words in ``Usage``'s field order, in one unpack.
-_USAGE_OUT: Any = _ffi.new("gw_usage *") if _lib is not None else None
-_USAGE_WORDS: Any = _ffi.cast("uint64_t *", _USAGE_OUT) if _lib is not None else None
+def _usage_of(out: Any) -> Usage:
+    return Usage(out.prompt_tokens, out.completion_tokens, out.total_tokens, out.cached_tokens)
 
 
 parse_usage: Final = _usage.parse_usage if PURE_PYTHON else parse_usage_c
@@ -191,7 +189,7 @@ class TailBuffer:
 class _CTailBuffer(TailBuffer):
     # Sliding window in 2 * capacity bytes of C memory: appends are one memcpy, compaction (one memmove of
     # at most capacity bytes) happens at most once per capacity bytes appended.
-    __slots__ = ("_capacity", "_mem", "_out", "_state", "_words")
+    __slots__ = ("_capacity", "_mem", "_out", "_state")
 
     def __init__(self, capacity: int = DEFAULT_TAIL_CAPACITY, *, pure: bool | None = None) -> None:
         _native()
@@ -201,7 +199,6 @@ class _CTailBuffer(TailBuffer):
         self._mem = _ffi.new("char[]", 2 * capacity)
         self._state = _ffi.new("gw_tail *", {"buf": self._mem, "cap": capacity, "len": 0})
         self._out = _ffi.new("gw_usage *")
-        self._words = _ffi.cast("uint64_t *", self._out)  # the same four words, for one unpack
 
     @property
     def capacity(self) -> int:
@@ -216,9 +213,7 @@ class _CTailBuffer(TailBuffer):
 
     def usage(self) -> Usage | None:
         out = self._out
-        return (
-            _tuple_new(Usage, _ffi.unpack(self._words, 4)) if _lib.gw_tail_usage(self._state, out) else None
-        )
+        return _usage_of(out) if _lib.gw_tail_usage(self._state, out) else None
 
     def clear(self) -> None:
         self._state.len = 0
