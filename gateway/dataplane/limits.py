@@ -181,7 +181,7 @@ class Limiter:
 
     def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
         """Take what the request needs from every scope, or take nothing and raise RateLimited."""
-        cached = self._plans.get((id(key), model))
+        cached = self._plans.get((id(key), model))  # ``plan``'s cache hit, inline: once per request
         plan = cached[1] if cached is not None and cached[0] is key else self.plan(key, model)
         if plan is None:
             return None
@@ -191,6 +191,7 @@ class Limiter:
                 traffic[scope] = traffic.get(scope, 0) + 1
         holdings = self.holdings
         if holdings is not None and plan.admission.gauges:
+            # ``Holdings.take``, its common case inline
             note = holdings.free.pop() if holdings.free else holdings.take()
         else:
             note = -1
