@@ -18,7 +18,7 @@ from gateway.config import Settings
 from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage_sink import UsageSink
-from gateway.dataplane.accounting import Accounting
+from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
@@ -484,12 +484,20 @@ def _budgeted() -> tuple[Accounting, KeyEntry, Callable[[], int]]:
 _ANSWER = b'{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}'
 
 
-def test_a_whole_answer_is_settled_before_the_client_gets_it() -> None:
-    accounting, key, spent = _budgeted()
+def _tapped(
+    accounting: Accounting, key: KeyEntry, spent: Callable[[], int]
+) -> tuple[Exchange, _Recorder, ResponseTap]:
+    """An admitted request and its tap, settling as the request path's does: as the answer ends."""
     ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
     assert ex is not None
     proto = _Recorder(spent)
     tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    return ex, proto, tap
+
+
+def test_a_whole_answer_is_settled_before_the_client_gets_it() -> None:
+    accounting, key, spent = _budgeted()
+    ex, proto, tap = _tapped(accounting, key, spent)
     tap.response_bytes(200, [], _ANSWER)
     assert proto.seen == [("whole", 7)]  # the next request would already meet this spend
     accounting.finish(ex, tap, 200, "b")  # settles once
@@ -498,10 +506,7 @@ def test_a_whole_answer_is_settled_before_the_client_gets_it() -> None:
 
 def test_a_stream_is_settled_before_its_last_piece_goes_out() -> None:
     accounting, key, spent = _budgeted()
-    ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
-    assert ex is not None
-    proto = _Recorder(spent)
-    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    _, proto, tap = _tapped(accounting, key, spent)
     transport = tap.response_stream(200, [])
 
     async def relay() -> None:
@@ -520,10 +525,7 @@ def test_a_full_bucket_table_loses_no_answer_and_no_record() -> None:
     assert budget is not None
     accounting = Accounting(None, BudgetGuard(table, "e"), UsageLog(ring, 0))
     key = KeyEntry("k1", Principal("p1", "alice", True, frozenset(), budget=budget), None)
-    ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
-    assert ex is not None
-    proto = _Recorder(lambda: 0)
-    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    ex, proto, tap = _tapped(accounting, key, lambda: 0)
     tap.response_bytes(200, [], _ANSWER)
     assert proto.seen == [("whole", 0)]  # the answer went out
     accounting.finish(ex, tap, 200, "b")
