@@ -28,6 +28,12 @@ __all__ = ["Driver", "Param", "SqliteDriver", "Transaction"]
 Param = str | int | float | None
 Row = tuple[Any, ...]
 
+# sqlite3 binds an exact int, float or str as it is, but sends anything else, None included, through its
+# adapter registry; a miss there looks ``__adapt__`` up on a class and formats the AttributeError it then
+# drops, about 0.2 µs per NULL (a usage row has two or three). An adapter that hands None back unchanged
+# turns that into one dict hit; it binds NULL as before. (Process-wide, as sqlite3's registry is.)
+sqlite3.register_adapter(type(None), lambda value: value)
+
 
 class Transaction(Protocol):
     def execute(self, sql: str, params: Sequence[Param] = ()) -> int:
