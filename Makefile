@@ -7,7 +7,7 @@ DATA   ?= var/data
 PORT   ?= 8080
 MOCK_PORT ?= 8001
 
-.PHONY: run test venv native lint typecheck unit bench clean system-deps
+.PHONY: run test venv native lint typecheck unit bench profile-native clean system-deps
 
 $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/_ffi_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ test: venv system-deps lint typecheck
 bench: venv
 	./scripts/system-deps.sh bench
 	$(BIN)/python -m perf.bench $(BENCH_ARGS)
+
+# The C parts under valgrind's callgrind: instructions per call of each entry point (valgrind if missing).
+profile-native: venv
+	./scripts/system-deps.sh profile
+	$(BIN)/python -m perf.native_profile
 
 clean:
 	rm -rf $(VENV) build *.egg-info gateway/_gateway_native* var

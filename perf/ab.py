@@ -10,6 +10,7 @@ configurations (one principal, the bench key, the nginx mock behind an alias):
     bare        no limits, no budget, no prices, no usage records (``gateway-bare`` of perf.bench)
     full        every limit (requests, tokens, concurrency), a budget, prices, usage records (``gateway``)
     no-usage    as full, without usage records
+    usage       usage records only: no limits, no budget, no prices
     rpm         one requests-per-minute limit on the principal, no usage records
     concurrency one concurrency limit on the principal, no usage records
     budget      a budget only, no usage records
@@ -50,6 +51,7 @@ CONFIGS: dict[str, tuple[str, bool]] = {
     "bare": ("", False),
     "full": (ACCOUNTED, True),
     "no-usage": (ACCOUNTED, False),
+    "usage": ("", True),
     "rpm": ("limits = { requests_per_minute = 1000000000 }", False),
     "concurrency": ("limits = { concurrent_requests = 100000 }", False),
     "budget": ('budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }', False),

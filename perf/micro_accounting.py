@@ -7,6 +7,7 @@ no store, no network. Run with ``python -m perf.micro_accounting``. I/O: prints 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -59,7 +60,8 @@ class _Proto:
         pass
 
 
-def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
+def request_loop(limits: bool, budget: bool, usage: bool) -> Callable[[int], None]:
+    """``run(n)``: n requests' accounting (admit, a tapped answer, finish) in fresh private regions."""
     snap = snapshot(limits, budget)
     key = next(iter(snap.keys.values()))
     route = snap.routes["m"]
@@ -73,16 +75,25 @@ def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
     )
     proto = _Proto()
     headers = [("content-type", "application/json")]
+
+    def run(n: int) -> None:
+        for i in range(n):
+            ex = acc.admit(key, "m", route, 120, 16, 512)
+            if ex is None:
+                continue
+            tap = ResponseTap(proto, ex.headers)
+            tap.response_bytes(200, headers, ANSWER)
+            acc.finish(ex, tap, 200, "e")
+            if i % 4000 == 3999:
+                ring.advance(0, ring.pending(0))
+
+    return run
+
+
+def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
+    run = request_loop(limits, budget, usage)
     started = time.perf_counter()
-    for i in range(N):
-        ex = acc.admit(key, "m", route, 120, 16, 512)
-        if ex is None:
-            continue
-        tap = ResponseTap(proto, ex.headers)
-        tap.response_bytes(200, headers, ANSWER)
-        acc.finish(ex, tap, 200, "e")
-        if i % 4000 == 3999:
-            ring.advance(0, ring.pending(0))
+    run(N)
     return (time.perf_counter() - started) / N * 1e6
 
 

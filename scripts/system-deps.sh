@@ -2,6 +2,7 @@
 # Installs the Debian packages a target needs, only when missing (CI starts from a machine with none).
 #   system-deps.sh test    what `make test` drives for real (git, PostgreSQL, haproxy, Chromium...)
 #   system-deps.sh bench   what `make bench` drives (nginx as mock upstream and reference proxy, wrk)
+#   system-deps.sh profile what `make profile-native` runs the C parts under (valgrind)
 set -euo pipefail
 want=()
 need() { command -v "$1" >/dev/null 2>&1 || [ -x "$2" ] || want+=("$3"); }
@@ -17,6 +18,9 @@ case "${1:-test}" in
     bench)
         need nginx /usr/sbin/nginx nginx-light
         need wrk /usr/bin/wrk wrk
+        ;;
+    profile)
+        need valgrind /usr/bin/valgrind valgrind
         ;;
 esac
 if [ ${#want[@]} -gt 0 ]; then
