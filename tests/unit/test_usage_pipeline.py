@@ -5,8 +5,9 @@ records in order when its ring is full. Store-backed tests run on SQLite and on 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import orjson
@@ -16,7 +17,7 @@ from gateway import native
 from gateway.budget import Budget, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.metrics import Metrics
-from gateway.controlplane.store import Store, open_store
+from gateway.controlplane.store import Store, StoreError, open_store
 from gateway.controlplane.usage_sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
@@ -329,6 +330,39 @@ def test_drain_moves_every_ring_into_the_store(store: Store, ring: UsageRing, ta
     assert sink.drain() == 3
     assert sink.drain() == 0
     assert (ring.pending(0), ring.pending(1), store.usage.count()) == (0, 0, 3)
+
+
+def test_drain_pauses_the_collector_only_while_it_runs(
+    tmp_path: Path, ring: UsageRing, table: BucketTable
+) -> None:
+    """The collector is off during a drain and back on after it, also when the store fails; a caller that
+    had switched it off keeps it off."""
+
+    class Watching(Metrics):
+        seen: list[bool] = []
+
+        def observe(self, records: Iterable[UsageRecord], principal_names: dict[str, str]) -> None:
+            self.seen.append(gc.isenabled())
+            super().observe(records, principal_names)
+
+    with open_store(Settings(data_dir=tmp_path)) as store:
+        sink = UsageSink(store, ring, table, EPOCH)
+        sink.metrics = Watching()
+        push(ring, 0, rec(1))
+        assert gc.isenabled()
+        assert sink.drain() == 1
+        assert Watching.seen == [False] and gc.isenabled()
+        gc.disable()
+        try:
+            push(ring, 0, rec(2))
+            assert sink.drain() == 1
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+        push(ring, 0, rec(3))
+    with pytest.raises(StoreError):  # the store is closed now
+        sink.drain()
+    assert gc.isenabled() and ring.pending(0) == 1
 
 
 def test_a_replayed_batch_is_written_once(store: Store, ring: UsageRing, table: BucketTable) -> None:
