@@ -28,19 +28,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.native import TailBuffer, UsageRing, model_span_c, parse_usage_c, ring_region_size
+from gateway.supervisor.commands import RING_SLOT_BYTES
+from gateway.usage_record import encode_record
+from perf.control_bench import records
 from perf.micro_accounting import ANSWER, request_loop
 from perf.micro_native import stream_tail
+from perf.scenarios import LARGE_BODY, SMALL_BODY
 
-# The body perf.ab and perf.bench send (82 bytes), and the same request with a 100 KB prompt.
-BENCH_BODY = b'{"model":"bench-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-LARGE_BODY = (
-    b'{"messages":[{"role":"user","content":"' + b"lorem ipsum " * 8_534 + b'"}],"model":"bench-model"}'
-)
+# Each case is a factory of ``run(n)``, made in the valgrind child only.
 
 
 def _parse(data: bytes) -> Callable[[int], None]:
-    from gateway.native import parse_usage_c
-
     def run(n: int) -> None:
         for _ in range(n):
             parse_usage_c(data)
@@ -49,8 +48,6 @@ def _parse(data: bytes) -> Callable[[int], None]:
 
 
 def _model_span(body: bytes) -> Callable[[int], None]:
-    from gateway.native import model_span_c
-
     def run(n: int) -> None:
         for _ in range(n):
             model_span_c(body)
@@ -58,43 +55,39 @@ def _model_span(body: bytes) -> Callable[[int], None]:
     return run
 
 
-def _tail_buffer(n: int) -> None:
-    from gateway.native import TailBuffer
-
+def _tail_buffer() -> Callable[[int], None]:
     tail = stream_tail()
     chunks = [tail[i : i + 200] for i in range(0, len(tail), 200)]
     buf = TailBuffer(pure=False)
-    for _ in range(n):
-        for chunk in chunks:
-            buf.append(chunk)
-        buf.usage()
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            for chunk in chunks:
+                buf.append(chunk)
+            buf.usage()
+
+    return run
 
 
-def _request(n: int) -> None:
-    request_loop(limits=True, budget=True, usage=True)(n)
-
-
-def _drain(n: int) -> None:
-    from gateway.native import UsageRing, ring_region_size
-    from gateway.supervisor.commands import RING_SLOT_BYTES
-    from gateway.usage_record import encode_record
-    from perf.control_bench import records
-
-    batch = 1024
+def _ring(batch: int = 1024) -> Callable[[int], None]:
     ring = UsageRing.create_layout(
         bytearray(ring_region_size(1, batch, RING_SLOT_BYTES)), 1, batch, RING_SLOT_BYTES
     )
     encoded = [encode_record(r) for r in records(batch, 0)]
-    for _ in range(max(1, n // batch)):
-        for data in encoded:
-            ring.push(0, data)
-        ring.advance(0, len(ring.read(0, batch)))
+
+    def run(n: int) -> None:
+        for _ in range(max(1, n // batch)):
+            for data in encoded:
+                ring.push(0, data)
+            ring.advance(0, len(ring.read(0, batch)))
+
+    return run
 
 
 @dataclass(frozen=True)
 class Case:
     label: str
-    run: Callable[[], Callable[[int], None]]  # made in the child only
+    run: Callable[[], Callable[[int], None]]
     size: int = 0  # bytes per call of a parse: instructions per byte, and where they go
 
 
@@ -107,7 +100,8 @@ SETUP = frozenset(
 
 CASES: dict[str, Case] = {
     "request": Case(
-        "one request's accounting, everything on (perf.micro_accounting's loop)", lambda: _request
+        "one request's accounting, everything on (perf.micro_accounting's loop)",
+        lambda: request_loop(limits=True, budget=True, usage=True),
     ),
     "usage-answer": Case("parse_usage of the bench's whole answer", lambda: _parse(ANSWER), len(ANSWER)),
     "usage-stream": Case("parse_usage of a 4 KiB stream tail", lambda: _parse(stream_tail()), 4096),
@@ -116,14 +110,16 @@ CASES: dict[str, Case] = {
         lambda: _parse(stream_tail().replace(b'"usage"', b'"usagE"')),
         4096,
     ),
-    "tail": Case("TailBuffer: a 4 KiB stream in 200-byte appends, then usage", lambda: _tail_buffer),
+    "tail": Case("TailBuffer: a 4 KiB stream in 200-byte appends, then usage", _tail_buffer),
     "model-bench": Case(
-        "the model's span in the bench body", lambda: _model_span(BENCH_BODY), len(BENCH_BODY)
+        "the model's span in the small scenarios' body", lambda: _model_span(SMALL_BODY), len(SMALL_BODY)
     ),
     "model-100k": Case(
-        "the model's span after a 100 KB prompt", lambda: _model_span(LARGE_BODY), len(LARGE_BODY)
+        "the model's span in the large-body scenario's body (a 100 KB prompt)",
+        lambda: _model_span(LARGE_BODY),
+        len(LARGE_BODY),
     ),
-    "ring": Case("usage ring: push, then read and advance a batch (control worker)", lambda: _drain),
+    "ring": Case("usage ring: push, then read and advance a batch (control worker)", _ring),
 }
 
 
