@@ -254,6 +254,15 @@ def test_insert_writes_each_request_id_once(store: Store) -> None:
     assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(8)]
 
 
+def test_absent_fields_are_stored_as_null_and_read_back_as_none(store: Store) -> None:
+    """Nullable fields go in as SQL NULL (for SQLite through the driver's adapter for None) and come back
+    as None, beside a record that has them all."""
+    empty = rec(1, backend=None, ttfb_ms=None, budget_key=None, client_request_id=None, tag=None)
+    full = rec(2, backend="b", ttfb_ms=2.5, budget_key=7, client_request_id="c-2", tag="t")
+    store.usage.insert([empty, full])
+    assert sorted(store.usage.records(), key=lambda r: r.request_id) == [empty, full]
+
+
 def test_a_large_batch_is_written_whole_and_once(store: Store) -> None:
     # Several statements of many rows, a remainder, duplicates inside one statement and across them, and
     # ids stored by an earlier batch.
