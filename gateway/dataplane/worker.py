@@ -89,8 +89,8 @@ def pin_to_core(settings: Settings, index: int) -> int | None:
     of streams/s, so it is off unless asked for. Only where the worker may run on several cores."""
     mode = settings.cpu_affinity
     if mode not in ("auto", "on", "off"):
-        log.warning("unknown cpu affinity %r (auto, on or off): taking auto", mode)
-        mode = "auto"
+        log.warning("unknown cpu affinity %r (auto, on or off): taking off, the default", mode)
+        mode = "off"
     if mode == "off" or not hasattr(os, "sched_setaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
