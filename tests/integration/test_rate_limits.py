@@ -29,15 +29,7 @@ def start(
     config = basic_config({"a": engine.url}, extra=LIMITED.format(limits=limits))
     gw = Gateway(tmp_path, config, workers=workers, extra=extra)
     key = gw.create_key("limited")
-    # Every worker must know the key (each re-reads the snapshot on its own): ask on fresh connections, which
-    # SO_REUSEPORT spreads over all four, until they all say yes.
-    wait_until(
-        lambda: all(
-            httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
-            for _ in range(16)
-        ),
-        what="key published to every worker",
-    )
+    gw.wait_key_live(key)
     return gw, key
 
 

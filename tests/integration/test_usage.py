@@ -56,14 +56,7 @@ def chat(gw: Gateway, key: str, max_tokens: int, **extra: object) -> httpx.Respo
 
 def ready_key(gw: Gateway, principal: str) -> str:
     key = gw.create_key(principal)
-
-    def live_everywhere() -> bool:
-        # Each probe is a fresh connection, which SO_REUSEPORT hands to any worker: the key is live in all
-        # of them once a run of probes all succeed, not when the first worker that answered has it.
-        headers = {"authorization": f"Bearer {key}"}
-        return all(httpx.get(gw.url + "/v1/models", headers=headers).status_code == 200 for _ in range(16))
-
-    wait_until(live_everywhere, what="key published to every worker")
+    gw.wait_key_live(key)
     return key
 
 
