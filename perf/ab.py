@@ -23,7 +23,6 @@ the median of each variant over the rounds. I/O: starts nginx, the gateway and w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -31,20 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perf.loadgen import run_wrk, write_script
+from perf.scenarios import SMALL_BODY
 from perf.targets import (
     ACCOUNTED,
     BENCH_KEY,
-    BENCH_MODEL,
     CLK_TCK,
     GatewayService,
     NginxService,
     gateway_config,
 )
-
-BODY = json.dumps(
-    {"model": BENCH_MODEL, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16},
-    separators=(",", ":"),
-).encode()
 
 # Per configuration: (what the principal gets, usage records on).
 CONFIGS: dict[str, tuple[str, bool]] = {
@@ -135,7 +129,7 @@ def main() -> None:
         work = Path(tmp)
         script = write_script(
             work / "req.lua",
-            BODY,
+            SMALL_BODY,
             {"content-type": "application/json", "authorization": f"Bearer {BENCH_KEY}"},
         )
         upstream = NginxService.upstream(work).start()
