@@ -39,18 +39,10 @@ from perf.scenarios import LARGE_BODY, SMALL_BODY
 # Each case is a factory of ``run(n)``, made in the valgrind child only.
 
 
-def _parse(data: bytes) -> Callable[[int], None]:
+def _repeat(fn: Callable[[bytes], object], data: bytes) -> Callable[[int], None]:
     def run(n: int) -> None:
         for _ in range(n):
-            parse_usage_c(data)
-
-    return run
-
-
-def _model_span(body: bytes) -> Callable[[int], None]:
-    def run(n: int) -> None:
-        for _ in range(n):
-            model_span_c(body)
+            fn(data)
 
     return run
 
@@ -103,20 +95,26 @@ CASES: dict[str, Case] = {
         "one request's accounting, everything on (perf.micro_accounting's loop)",
         lambda: request_loop(limits=True, budget=True, usage=True),
     ),
-    "usage-answer": Case("parse_usage of the bench's whole answer", lambda: _parse(ANSWER), len(ANSWER)),
-    "usage-stream": Case("parse_usage of a 4 KiB stream tail", lambda: _parse(stream_tail()), 4096),
+    "usage-answer": Case(
+        "parse_usage of the bench's whole answer", lambda: _repeat(parse_usage_c, ANSWER), len(ANSWER)
+    ),
+    "usage-stream": Case(
+        "parse_usage of a 4 KiB stream tail", lambda: _repeat(parse_usage_c, stream_tail()), 4096
+    ),
     "usage-none": Case(
         "parse_usage of a 4 KiB stream tail without usage",
-        lambda: _parse(stream_tail().replace(b'"usage"', b'"usagE"')),
+        lambda: _repeat(parse_usage_c, stream_tail().replace(b'"usage"', b'"usagE"')),
         4096,
     ),
     "tail": Case("TailBuffer: a 4 KiB stream in 200-byte appends, then usage", _tail_buffer),
     "model-bench": Case(
-        "the model's span in the small scenarios' body", lambda: _model_span(SMALL_BODY), len(SMALL_BODY)
+        "the model's span in the small scenarios' body",
+        lambda: _repeat(model_span_c, SMALL_BODY),
+        len(SMALL_BODY),
     ),
     "model-100k": Case(
         "the model's span in the large-body scenario's body (a 100 KB prompt)",
-        lambda: _model_span(LARGE_BODY),
+        lambda: _repeat(model_span_c, LARGE_BODY),
         len(LARGE_BODY),
     ),
     "ring": Case("usage ring: push, then read and advance a batch (control worker)", _ring),
