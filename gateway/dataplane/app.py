@@ -22,6 +22,7 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.dialects import Outgoing
+from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP, make_client
@@ -80,6 +81,7 @@ class ProxyApp:
         self.snapshot = Snapshot.empty()
         self.draining = False
         self.forwarder: Forwarder | None = None
+        self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -95,6 +97,7 @@ class ProxyApp:
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
         self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down, self.load)
+        self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
@@ -107,6 +110,8 @@ class ProxyApp:
                 task.cancel()
         if self.forwarder is not None:
             loop.create_task(self.forwarder.client.close())
+        if self.disconnects is not None:
+            self.disconnects.close()
 
     def refresh_snapshot(self) -> bool:
         """Swap in the published snapshot if its generation moved. Never raises on a bad document."""
@@ -389,44 +394,16 @@ class ProxyApp:
 
     async def run_guarded(self, proto: Any, work: Any) -> Any:
         """Run ``work`` and return its result, or None when the client went away: then ``work`` is
-        cancelled, and with it the upstream request.
-
-        Watching costs a task and a future per request, about a tenth of a small request's CPU, while a
-        client can only waste engine time on a request that runs long. So the watch is armed only once
-        the request has run for ``disconnect_watch_after`` seconds: short requests never pay for it.
-        """
-        loop = asyncio.get_running_loop()
-        guard = _DisconnectGuard(proto, asyncio.current_task())
-        timer = loop.call_later(self.settings.disconnect_watch_after, guard.arm, loop)
+        cancelled, and with it the upstream request. The client is watched only once the request has run
+        for ``disconnect_watch_after`` seconds (``disconnects``): short requests never pay for it."""
+        disconnects = self.disconnects
+        assert disconnects is not None  # made with the forwarder, which the caller already needed
+        watched = disconnects.add(proto, asyncio.current_task())
         try:
             return await work
         except asyncio.CancelledError:
-            if not guard.gone:
+            if not watched.gone:
                 raise
             return None
         finally:
-            timer.cancel()
-            guard.disarm()
-
-
-class _DisconnectGuard:
-    __slots__ = ("gone", "proto", "task", "watcher")
-
-    def __init__(self, proto: Any, task: asyncio.Task[Any] | None) -> None:
-        self.proto = proto
-        self.task = task
-        self.gone = False
-        self.watcher: asyncio.Task[None] | None = None
-
-    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.watcher = loop.create_task(self._watch())
-
-    async def _watch(self) -> None:
-        await self.proto.client_disconnect()
-        self.gone = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def disarm(self) -> None:
-        if self.watcher is not None:
-            self.watcher.cancel()
+            disconnects.remove(watched)

@@ -226,6 +226,9 @@ def test_errors_and_client_disconnects_are_recorded(tmp_path: Path, mock_engine:
             (400, "none", 0),
             (499, "none", 0),
         ]
+        # The client left after 1 s: the gateway noticed, gave the upstream call up and recorded the 499
+        # then, not when the engine would have answered (3 s).
+        assert got[1].latency_ms < 2500
         summary = orjson.loads(gw.cli("usage", "--by", "model", "--json").stdout)
         assert summary["groups"] == [
             {
