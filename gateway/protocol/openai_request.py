@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -38,8 +37,9 @@ _MODEL_KEY = b'"model"'
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+class RequestInfo(NamedTuple):
+    """Immutable, and a tuple: built once per request, where a frozen dataclass cost three times as much."""
+
     model: str
     stream: bool
     include_usage: bool
