@@ -324,35 +324,37 @@ def _thinking(value: Any) -> dict[str, Any] | None:
 
 def estimate_input_tokens(req: MessagesRequest) -> int:
     """The estimate ``count_tokens_estimate`` documents, for a request already parsed."""
-    chars = 0
-    media = 0
-
-    def add(value: Any) -> None:
-        nonlocal chars, media
-        if isinstance(value, str):
-            chars += len(value)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                add(item)
-        elif isinstance(value, dict):
-            kind = value.get("type")
-            if kind in ("image", "document"):
-                media += 1
-            elif kind == "text":
-                chars += len(value.get("text", ""))
-            elif kind == "tool_use":
-                chars += len(value.get("name", "")) + len(orjson.dumps(value.get("input")))
-            elif kind == "tool_result":
-                add(value.get("content"))
-            elif kind == "thinking":
-                chars += len(value.get("thinking", ""))
-
-    add(req.system)
+    counts = [0, 0]  # characters, media blocks
+    _count(req.system, counts)
     for m in req.messages:
-        add(m.content)
+        _count(m.content, counts)
+    chars, media = counts
     for tool in req.tools or ():
         chars += len(orjson.dumps(tool))
     return max(1, math.ceil(chars / 4) + media * IMAGE_TOKENS)
+
+
+def _count(value: Any, counts: list[int]) -> None:
+    """Add a content value's characters and media blocks to ``counts``. A module-level function: a nested
+    one that calls itself is a reference cycle (the function holds its own cell), left behind by every
+    request for the cyclic collector."""
+    if isinstance(value, str):
+        counts[0] += len(value)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _count(item, counts)
+    elif isinstance(value, dict):
+        kind = value.get("type")
+        if kind in ("image", "document"):
+            counts[1] += 1
+        elif kind == "text":
+            counts[0] += len(value.get("text", ""))
+        elif kind == "tool_use":
+            counts[0] += len(value.get("name", "")) + len(orjson.dumps(value.get("input")))
+        elif kind == "tool_result":
+            _count(value.get("content"), counts)
+        elif kind == "thinking":
+            counts[0] += len(value.get("thinking", ""))
 
 
 def parse_count_tokens_request(body: bytes) -> MessagesRequest:

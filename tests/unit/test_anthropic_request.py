@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from gateway.protocol.anthropic import (
     anthropic_error_body,
     anthropic_error_type,
     count_tokens_estimate,
+    estimate_input_tokens,
     parse_messages_request,
 )
 
@@ -127,37 +129,56 @@ def test_not_an_object(body: bytes) -> None:
     assert info.value.param is None
 
 
+TOOL = {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}
+# A request with every kind of content the estimate counts, and the characters it counts in each.
+RICH = {
+    "model": "m",
+    "system": "12345678",  # 8
+    "messages": [
+        {"role": "user", "content": "abcd"},  # 4
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hm", "signature": "sig"},  # 2
+                {"type": "tool_use", "id": "t", "name": "get_weather", "input": {"a": 1}},  # 11 + 7
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t",
+                    "content": [{"type": "text", "text": "sunny"}],
+                },
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+                {"type": "text", "text": "and?"},  # 4
+            ],
+        },
+    ],
+    "tools": [TOOL],
+}
+RICH_CHARS = 8 + 4 + 2 + len("get_weather") + len('{"a":1}') + len("sunny") + 4 + len(orjson.dumps(TOOL))
+
+
 def test_count_tokens_estimate_follows_its_rule() -> None:
-    tool = {"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}
-    body = {
-        "model": "m",
-        "system": "12345678",  # 8
-        "messages": [
-            {"role": "user", "content": "abcd"},  # 4
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "thinking", "thinking": "hm", "signature": "sig"},  # 2
-                    {"type": "tool_use", "id": "t", "name": "get_weather", "input": {"a": 1}},  # 11 + 7
-                ],
-            },
-            {
-                "role": "user",
-                "content": [
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": "t",
-                        "content": [{"type": "text", "text": "sunny"}],
-                    },
-                    {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
-                    {"type": "text", "text": "and?"},  # 4
-                ],
-            },
-        ],
-        "tools": [tool],
-    }
-    chars = 8 + 4 + 2 + len("get_weather") + len('{"a":1}') + len("sunny") + 4 + len(orjson.dumps(tool))
-    assert count_tokens_estimate(orjson.dumps(body)) == math.ceil(chars / 4) + IMAGE_TOKENS
+    assert count_tokens_estimate(orjson.dumps(RICH)) == math.ceil(RICH_CHARS / 4) + IMAGE_TOKENS
+
+
+def test_parsing_and_estimating_leave_no_reference_cycle() -> None:
+    """The request path runs these for every translated request: garbage only the cyclic collector can
+    free would be left behind by each one (a nested function that called itself once was)."""
+    body = orjson.dumps(RICH)
+    request = orjson.dumps({**RICH, "max_tokens": 16})
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(10):
+            estimate_input_tokens(parse_messages_request(request))
+            count_tokens_estimate(body)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_count_tokens_estimate_is_at_least_one_and_checks_the_body() -> None:
