@@ -398,8 +398,7 @@ class ProxyApp:
         for ``disconnect_watch_after`` seconds (``disconnects``): short requests never pay for it."""
         disconnects = self.disconnects
         assert disconnects is not None  # made with the forwarder, which the caller already needed
-        # The loop named: without it, asyncio looks the running loop up, which costs a getpid() system call.
-        watched = disconnects.add(proto, asyncio.current_task(disconnects.loop))
+        watched = disconnects.add(proto)
         try:
             return await work
         except asyncio.CancelledError:

@@ -55,9 +55,11 @@ class DisconnectWatch:
         self.pending: dict[Watched, float] = {}  # insertion order is start order
         self.timer: asyncio.TimerHandle | None = None
 
-    def add(self, proto: Any, task: asyncio.Task[Any] | None) -> Watched:
-        """Note a request that starts now; its watch is armed ``after`` seconds from now if it still runs."""
-        watched = Watched(proto, task)
+    def add(self, proto: Any) -> Watched:
+        """Note the request the current task runs, starting now; its watch is armed ``after`` seconds from
+        now if it still runs. (The loop named: without it, asyncio looks the running loop up, which costs
+        a ``getpid()`` system call.)"""
+        watched = Watched(proto, asyncio.current_task(self.loop))
         now = self.loop.time()
         self.pending[watched] = now
         if self.timer is None:

@@ -29,7 +29,7 @@ def test_a_short_request_is_never_watched_and_leaves_no_timer() -> None:
     async def main() -> None:
         watch = DisconnectWatch(asyncio.get_running_loop(), AFTER)
         client = Client()
-        watched = watch.add(client, asyncio.current_task())
+        watched = watch.add(client)
         await asyncio.sleep(AFTER / 5)
         watch.remove(watched)
         await asyncio.sleep(AFTER * 2)  # the timer fires, finds nothing due, and does not stand again
@@ -47,7 +47,7 @@ def test_a_long_request_is_cancelled_when_its_client_leaves() -> None:
         started = loop.time()
 
         async def request() -> str:
-            watched = watch.add(client, asyncio.current_task())
+            watched = watch.add(client)
             try:
                 await asyncio.sleep(30)
                 return "answered"
@@ -75,12 +75,11 @@ def test_requests_come_due_in_the_order_they_started() -> None:
         loop = asyncio.get_running_loop()
         watch = DisconnectWatch(loop, AFTER)
         clients = [Client() for _ in range(4)]
-        task = asyncio.current_task()
-        first = watch.add(clients[0], task)
-        second = watch.add(clients[1], task)
+        first = watch.add(clients[0])
+        second = watch.add(clients[1])
         await asyncio.sleep(AFTER / 2)
-        third = watch.add(clients[2], task)
-        ended = watch.add(clients[3], task)
+        third = watch.add(clients[2])
+        ended = watch.add(clients[3])
         watch.remove(ended)  # ended before it came due: never watched
         await asyncio.sleep(AFTER * 0.75)  # the first two are due, the third not yet
         assert [c.watched for c in clients] == [1, 1, 0, 0]
@@ -100,7 +99,7 @@ def test_requests_come_due_in_the_order_they_started() -> None:
 def test_close_takes_the_timer_down() -> None:
     async def main() -> None:
         watch = DisconnectWatch(asyncio.get_running_loop(), AFTER)
-        watch.add(Client(), None)
+        watch.add(Client())
         assert watch.timer is not None
         watch.close()
         assert watch.timer is None
