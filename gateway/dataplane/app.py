@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import time
+from functools import partial
 from typing import Any
 from urllib.parse import unquote_plus
 
@@ -277,7 +278,7 @@ class ProxyApp:
             and self.settings.inject_stream_usage
         ):
             out.body = inject_stream_usage(body)
-        tap = ResponseTap(proto, exchange.headers, lambda: accounting.settle(exchange, tap, tap.status))
+        tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))

@@ -26,13 +26,18 @@ class ResponseTap:
     __slots__ = ("_proto", "extra_headers", "meter", "on_end", "started", "status", "tail", "whole")
 
     def __init__(
-        self, proto: Any, extra_headers: list[tuple[str, str]], on_end: Callable[[], None] | None = None
+        self,
+        proto: Any,
+        extra_headers: list[tuple[str, str]],
+        on_end: Callable[[ResponseTap, int], None] | None = None,
     ) -> None:
         self._proto = proto
         self.extra_headers = extra_headers
-        # Called once, just before the client can see the answer's end: a whole answer's bytes, or (from
-        # the forwarder, ``end``) a stream's last ones. Accounting settles there, so that the client's
-        # next request already meets this one's spend and released places.
+        # Called once with the tap and its status, just before the client can see the answer's end: a
+        # whole answer's bytes, or (from the forwarder, ``end``) a stream's last ones. Accounting settles
+        # there, so that the client's next request already meets this one's spend and released places.
+        # Handed the tap rather than closing over it: a callback that refers back to the tap would be a
+        # reference cycle, left for the collector by every request that ends without an answer.
         self.on_end = on_end
         self.status = 0
         self.started: float | None = None  # perf_counter when the answer started
@@ -61,7 +66,7 @@ class ResponseTap:
         on_end = self.on_end
         if on_end is not None:
             self.on_end = None
-            on_end()
+            on_end(self, self.status)
 
     def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Any:
         self.started = time.perf_counter()

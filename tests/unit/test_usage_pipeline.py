@@ -8,6 +8,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -534,7 +535,7 @@ def _tapped(
     ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
     assert ex is not None
     proto = _Recorder(spent)
-    tap = ResponseTap(proto, ex.headers, lambda: accounting.settle(ex, tap, tap.status))
+    tap = ResponseTap(proto, ex.headers, partial(accounting.settle, ex))
     return ex, proto, tap
 
 
@@ -545,6 +546,23 @@ def test_a_whole_answer_is_settled_before_the_client_gets_it() -> None:
     assert proto.seen == [("whole", 7)]  # the next request would already meet this spend
     accounting.finish(ex, tap, 200, "b")  # settles once
     assert spent() == 7
+
+
+def test_a_request_that_ends_without_an_answer_leaves_no_reference_cycle() -> None:
+    """An upstream failure or a client gone: the tap's callback never runs, and neither it nor the
+    exchange is left for the cyclic collector (proxy workers run it rarely: ``YOUNG_OBJECTS``)."""
+    accounting, key, spent = _budgeted()
+    gc.collect()
+    gc.disable()
+    try:
+        for status in (502, 499):
+            ex, _, tap = _tapped(accounting, key, spent)
+            accounting.finish(ex, tap, status, None, 1)
+            assert ex.settled is not None and tap.on_end is not None  # settled by finish, not by the tap
+            del ex, tap
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_a_stream_is_settled_before_its_last_piece_goes_out() -> None:
