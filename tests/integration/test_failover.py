@@ -8,20 +8,22 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
+from tests.fixtures.processes import Gateway, MockEngine, basic_config, refusing_socket, wait_until
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, list[MockEngine], str]]:
     tmp = tmp_path_factory.mktemp("failover")
     first, second = MockEngine(tmp), MockEngine(tmp)
-    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens here: connection refused
+    hold = refusing_socket()
+    dead = f"http://127.0.0.1:{hold.getsockname()[1]}"
     config = basic_config(
         {"first": first.url, "second": second.url, "dead": dead}, chain=["pm-dead", "pm-first", "pm-second"]
     )
-    # These tests are about the order of failover, not passive health: without the cool-down every request
-    # meets the chain as configured, whatever the tests before it made fail.
-    gw = Gateway(tmp, config, workers=2, extra=("--backend-cool-down", "0"))
+    # These tests are about the order of failover, not health: without the cool-down and the engine probes
+    # every request meets the chain as configured, whatever the tests before it made fail (a probe could
+    # otherwise mark the dead backend down first, and pm-dead's request would get 503, not 502).
+    gw = Gateway(tmp, config, workers=2, extra=("--backend-cool-down", "0", "--engine-scrape-interval", "0"))
     key = gw.create_key("root")
     wait_until(
         lambda: (
@@ -33,6 +35,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, lis
     gw.stop()
     first.stop()
     second.stop()
+    hold.close()
 
 
 @pytest.fixture
@@ -142,7 +145,8 @@ def test_a_failing_backend_cools_down(tmp_path: Path, mock_engine: MockEngine) -
     for) by every request; the status view shows how many tries it got."""
     from gateway.dataplane.forward import FAILURES_TO_COOL_DOWN
 
-    dead = f"http://127.0.0.1:{free_port()}"
+    hold = refusing_socket()
+    dead = f"http://127.0.0.1:{hold.getsockname()[1]}"
     config = basic_config({"dead": dead, "live": mock_engine.url}, chain=["pm-dead", "pm-live"])
     gw = Gateway(tmp_path, config, workers=1)
     try:
@@ -166,3 +170,4 @@ def test_a_failing_backend_cools_down(tmp_path: Path, mock_engine: MockEngine) -
         assert f"failed={FAILURES_TO_COOL_DOWN} " in dead_tries() + " "
     finally:
         gw.stop()
+        hold.close()
