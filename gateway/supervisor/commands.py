@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import sys
 import time
 from dataclasses import replace
@@ -18,14 +19,16 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import add_common_options, settings_from_args
+from gateway.cli import add_common_options, port_number, positive_int, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.dataplane.limits import HOLD_WORDS
+from gateway.errors import ConfigError
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats, sum_backends
 from gateway.shm.worker_stats import region_bytes as stats_region_bytes
+from gateway.supervisor.port_claim import PortClaim, claim_port
 from gateway.supervisor.process import Supervisor, WorkerSpec
 from gateway.supervisor.sd_notify import Notifier
 
@@ -63,15 +66,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
     p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
+    # String defaults from the environment go through ``type`` too, so a bad GATEWAY_PORT is refused the
+    # same way as a bad --port.
     p.add_argument(
         "--admin-port",
-        type=int,
-        default=_env_int("GATEWAY_ADMIN_PORT"),
-        help="serve the admin port (the cluster API) here; --role control: 8081 unless given",
+        type=port_number,
+        default=os.environ.get("GATEWAY_ADMIN_PORT") or None,
+        help="serve the admin API and web UI here (--role control: 8081; env GATEWAY_ADMIN_PORT)",
     )
     p.add_argument("--host", default=os.environ.get("GATEWAY_HOST"), help="listen address (127.0.0.1)")
-    p.add_argument("--port", type=int, default=_env_int("GATEWAY_PORT"), help="listen port (8080)")
-    p.add_argument("--workers", type=int, help="proxy workers (default: one per core)")
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=os.environ.get("GATEWAY_PORT") or None,
+        help="listen port (8080; env GATEWAY_PORT)",
+    )
+    p.add_argument("--workers", type=positive_int, help="proxy workers, at least 1 (default: one per core)")
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     p.add_argument(
@@ -145,11 +155,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.set_defaults(handler=run_status)
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    return int(raw) if raw else None
-
-
 class _JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, pid, message (and the exception, if any)."""
 
@@ -185,6 +190,14 @@ def _check_role(settings: Settings) -> Settings | str:
         settings = replace(settings, admin_port=8081)
     if (settings.admin_tls_cert is None) != (settings.admin_tls_key is None):
         return "--admin-tls-cert and --admin-tls-key go together"
+    if settings.admin_tls_cert is not None and settings.admin_tls_key is not None:
+        try:  # here, once, rather than in each start of the control worker
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                settings.admin_tls_cert, settings.admin_tls_key
+            )
+        except (OSError, ssl.SSLError) as exc:
+            cert, key = settings.admin_tls_cert, settings.admin_tls_key
+            return f"--admin-tls-cert {cert} with --admin-tls-key {key}: {exc.strerror or exc}"
     if settings.role == "proxy":
         if not settings.control_url:
             return "--role proxy needs --control-url, the control plane's admin URL"
@@ -200,16 +213,44 @@ def _check_role(settings: Settings) -> Settings | str:
 def run_serve(args: argparse.Namespace) -> int:
     checked = _check_role(settings_from_args(args))
     if isinstance(checked, str):
-        print(f"gateway: error: {checked}", file=sys.stderr)
-        return 2
+        raise ConfigError(checked)
     settings = checked
     _configure_logging(settings.log_level, settings.log_format)
+    # Before anything else, so that a taken port is one line and exit status 2, not a worker crash loop.
+    claims = _claim_ports(settings)
+    try:
+        return _serve(settings)
+    finally:
+        for claim in claims:
+            claim.close()
+
+
+def _claim_ports(settings: Settings) -> list[PortClaim]:
+    claims: list[PortClaim] = []
+    try:
+        if settings.role != "control":
+            claims.append(claim_port(settings.host, settings.port, "the proxy port"))
+        if settings.role != "proxy" and settings.admin_port is not None:
+            if settings.admin_port == settings.port and settings.role != "control":
+                raise ConfigError(f"--admin-port {settings.admin_port} is also the proxy port --port")
+            claims.append(claim_port(settings.admin_host, settings.admin_port, "the admin port"))
+    except BaseException:
+        for claim in claims:
+            claim.close()
+        raise
+    return claims
+
+
+def _serve(settings: Settings) -> int:
     from gateway.controlplane.commands import apply_file
     from gateway.controlplane.store import open_store
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    hash_key = load_hash_key(settings.data_dir)
+    try:
+        hash_key = load_hash_key(settings.data_dir)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if settings.role != "proxy":  # a proxy-role host has no store: its control plane has
         if settings.config_file is not None:
             revision = apply_file(settings, settings.config_file)
@@ -243,6 +284,11 @@ def run_serve(args: argparse.Namespace) -> int:
         seen = {doc.get("pid") for _, doc in stats_view.documents()}
         return bool(proxies) and proxies <= seen
 
+    def came_up(spec: WorkerSpec, pid: int) -> bool:
+        """A proxy worker came up once it published statistics from inside its running server (its slot
+        keeps them after it exits); for the control worker the supervisor goes by how long it lived."""
+        return spec.kind == "proxy" and any(doc.get("pid") == pid for _, doc in stats_view.documents())
+
     sup = Supervisor(
         specs,
         grace_period=settings.grace_period,
@@ -250,6 +296,7 @@ def run_serve(args: argparse.Namespace) -> int:
         notify=notifier,
         ready=every_worker_serves,
         watchdog_s=notifier.watchdog_s,
+        came_up=came_up,
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {
@@ -270,8 +317,12 @@ def run_serve(args: argparse.Namespace) -> int:
     # 503 until a snapshot arrives, which beats not listening at all.
     wait = 10.0 if settings.role == "proxy" else 30.0
     deadline = time.monotonic() + wait
-    while reader.generation() == 0 and time.monotonic() < deadline:
+    while reader.generation() == 0 and time.monotonic() < deadline and sup.fatal is None:
+        sup.poll()  # a control worker that fails at start is restarted, or stops the gateway, meanwhile
         time.sleep(0.02)
+    if sup.fatal is not None:
+        sup.drain()
+        return 1
     if reader.generation() == 0 and settings.role != "control":
         log.error("no snapshot within %.0f s; starting proxies anyway (they answer 503 until one is)", wait)
     if settings.role == "control":
