@@ -152,6 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     s = sub.add_parser("status", help="show this host's supervisor, workers and snapshot")
     add_common_options(s)
+    s.add_argument("--json", action="store_true", help="print one JSON document (for scripts and monitoring)")
     s.set_defaults(handler=run_status)
 
 
@@ -375,40 +376,128 @@ def run_status(args: argparse.Namespace) -> int:
     try:
         state = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        print(f"no gateway state under {settings.run_dir}", file=sys.stderr)
+        if args.json:
+            print(orjson.dumps({"running": False, "run_dir": str(settings.run_dir)}).decode())
+        else:
+            print(f"no gateway state under {settings.run_dir}", file=sys.stderr)
         return 1
-    pid = state.get("supervisor_pid", 0)
+    doc = status_document(state)
+    if args.json:
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        _print_status(doc)
+    return 0 if doc["supervisor"]["running"] else 1
+
+
+def status_document(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``gateway status`` shows, from the supervisor's state file and the live shared segments.
+
+    A worker is ``running`` only if its process exists; the state file of a supervisor that was killed
+    still lists the pids and uptimes it last wrote, which then say ``dead``. A worker between two lives
+    (pid 0 while the supervisor runs) is ``restarting``, or ``stopped`` once the supervisor drains."""
+    pid = int(state.get("supervisor_pid", 0))
     alive = _pid_alive(pid)
-    print(
-        f"supervisor pid={pid} {'running' if alive else 'not running'} role={state.get('role', 'all')}"
-        f" listening={state.get('host')}:{state.get('port')} admin_port={state.get('admin_port') or '-'}"
-    )
+    doc: dict[str, Any] = {
+        "supervisor": {
+            "pid": pid,
+            "running": alive,
+            "stopping": bool(state.get("stopping")),
+            "stopped_because": state.get("fatal"),
+        },
+        "role": state.get("role", "all"),
+        "listening": f"{state.get('host')}:{state.get('port')}",
+        "admin_port": state.get("admin_port"),
+        "snapshot": None,
+        "workers": [],
+        "backends": {},
+    }
     if alive and state.get("snapshot_segment") is not None:
         try:
             seg = Segment.attach(int(state["snapshot_segment"]))
-            reader = SnapshotReader(seg.buf)
-            control, seen = reader.control_state()
-            where = {0: "local store", 1: "control plane answering", 2: "control plane unreachable"}[control]
-            print(
-                f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}"
-                f" source={where}" + (f" last_answered={seen:.0f}" if control else "")
-            )
-            seg.close()
-        except Exception as exc:
-            print(f"snapshot: unreadable ({exc})")
+        except Exception as exc:  # the segment went with a supervisor that is exiting
+            doc["snapshot"] = {"error": str(exc)}
+        else:
+            try:
+                reader = SnapshotReader(seg.buf)
+                control, seen = reader.control_state()
+                doc["snapshot"] = {
+                    "generation": reader.generation(),
+                    "published_at": reader.published_at(),
+                    "source": {
+                        0: "local store",
+                        1: "control plane answering",
+                        2: "control plane unreachable",
+                    }[control],
+                    "last_answered": seen if control else None,
+                }
+            finally:
+                seg.close()
     stats = _worker_stats(state) if alive else {}
     for w in state.get("workers", []):
-        line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
-        doc = stats.get(w["pid"])
-        if doc is not None:
-            line += f" in_flight={doc.get('in_flight', 0)} requests={doc.get('requests', 0)}"
+        wpid = int(w.get("pid") or 0)
+        if wpid and alive and _pid_alive(wpid):
+            status = "running"
+        elif wpid:
+            status = "dead"
+        elif alive and not state.get("stopping") and not state.get("fatal"):
+            status = "restarting"
+        else:
+            status = "stopped"
+        entry: dict[str, Any] = {
+            "name": w["name"],
+            "kind": w.get("kind"),
+            "status": status,
+            "pid": wpid if status == "running" else None,
+            "last_pid": wpid or None,
+            "uptime": w.get("uptime") if status == "running" else None,
+            "restarts": w.get("restarts", 0),
+            "exit_codes": w.get("exit_codes", []),
+            "start_failure": w.get("start_failure"),
+        }
+        live = stats.get(wpid) if status == "running" else None
+        if live is not None:
+            entry["in_flight"] = live.get("in_flight", 0)
+            entry["requests"] = live.get("requests", 0)
+        doc["workers"].append(entry)
+    doc["backends"] = dict(sorted(sum_backends(list(stats.values())).items()))
+    return doc
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    sup = doc["supervisor"]
+    print(
+        f"supervisor pid={sup['pid']} {'running' if sup['running'] else 'not running'} role={doc['role']}"
+        f" listening={doc['listening']} admin_port={doc['admin_port'] or '-'}"
+    )
+    if sup["stopped_because"]:
+        print(f"stopped because: {sup['stopped_because']}")
+    snap = doc["snapshot"]
+    if snap is not None and "error" in snap:
+        print(f"snapshot: unreadable ({snap['error']})")
+    elif snap is not None:
+        print(
+            f"snapshot generation={snap['generation']} published_at={snap['published_at']:.0f}"
+            f" source={snap['source']}"
+            + (f" last_answered={snap['last_answered']:.0f}" if snap["last_answered"] is not None else "")
+        )
+    for w in doc["workers"]:
+        if w["status"] == "running":
+            line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
+            if "in_flight" in w:
+                line += f" in_flight={w['in_flight']} requests={w['requests']}"
+        else:
+            was = f" (was pid {w['last_pid']})" if w["last_pid"] else ""
+            line = f"  {w['name']:<10} {w['status'].upper()}{was} restarts={w['restarts']}"
+            if w["exit_codes"]:
+                line += f" last_exit={w['exit_codes'][-1]}"
+            if w["start_failure"]:
+                line += f" start_failure={w['start_failure']!r}"
         print(line)
-    for name, b in sorted(sum_backends(list(stats.values())).items()):
+    for name, b in doc["backends"].items():
         print(
             f"  backend {name:<12} answered={b['answered']} failed={b['failed']} in_flight={b['in_flight']}"
             + (f" last_error={b['last_error']!r}" if b["last_error"] else "")
         )
-    return 0 if alive else 1
 
 
 def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
