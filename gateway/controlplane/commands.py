@@ -21,7 +21,7 @@ from typing import Any
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config, load_config, parse_timestamp
-from gateway.controlplane.store import open_store
+from gateway.controlplane.store import MANAGED_BY_FILE, open_store
 from gateway.errors import ConfigError
 
 __all__ = ["apply_file", "finish_command", "print_table", "register", "utc_time"]
@@ -132,11 +132,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         revision = store.revision()
         doc = store.config_doc()
-        cli_keys = sum(1 for k in store.list_keys() if k.managed_by == "cli" and k.revoked_at is None)
+        cli_keys = sum(
+            1 for k in store.list_keys() if k.managed_by != MANAGED_BY_FILE and k.revoked_at is None
+        )
     header = (
         f"Exported by `gateway export` at revision {revision}.\n"
         "Keys are listed without secrets; applying this file keeps their hashes.\n"
-        f"{cli_keys} key(s) created with `gateway keys create` are not listed; apply keeps them."
+        f"{cli_keys} key(s) created with `gateway keys create` or the admin API are not listed;"
+        " apply keeps them."
     )
     sys.stdout.write(dump_config(doc, header))
     return 0

@@ -150,6 +150,9 @@ def test_sign_in_create_a_key_use_it_see_its_usage_and_revoke_it(
     expect(key_row).to_have_count(1)
     expect(key_row.locator("td").first).to_have_text(XSS_KEY)
     expect(key_row).to_contain_text("rpm 600")
+    expect(key_row.locator("td").nth(7)).to_have_text("admin API / UI")  # not "cli" (issue 20, item 9)
+    cli_row = page.locator("#keys tbody tr", has_text="ops").first
+    expect(cli_row.locator("td").nth(7)).to_have_text("gateway keys create")
     expect(page.locator("#principals tbody td:first-child", has_text=XSS_PRINCIPAL)).to_have_count(1)
     no_markup_ran(page)
     page.click("#secret-slot button.link")
@@ -367,3 +370,48 @@ def test_rules_pools_and_the_dry_run(
         shot("models-rules")
     finally:
         gw.stop()
+
+
+LEGEND_COLOURS = """figure => Object.fromEntries([...figure.querySelectorAll('.legend li')].map(
+    li => [li.textContent, li.querySelector('rect').getAttribute('fill')]))"""
+
+
+def test_both_usage_charts_give_a_group_the_same_colour(page: Any, site: Site) -> None:
+    """bob sends one long request and carol three short ones: bob leads the tokens chart and carol the
+    requests chart, and each keeps one colour in both (issue 20, item 9)."""
+    gw = site.gw
+    bob, carol = gw.create_key("bob"), gw.create_key("alice")
+    gw.wait_key_live(bob)
+    gw.wait_key_live(carol)
+    long = {"model": "pm-a", "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4}
+    short = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert (
+        httpx.post(
+            gw.url + "/v1/chat/completions", json=long, headers={"authorization": f"Bearer {bob}"}
+        ).status_code
+        == 200
+    )
+    for _ in range(3):
+        r = httpx.post(
+            gw.url + "/v1/chat/completions", json=short, headers={"authorization": f"Bearer {carol}"}
+        )
+        assert r.status_code == 200
+    sign_in(page, site, "ops")
+    page.click("#nav a[data-page=usage]")
+    deadline = time.monotonic() + 20
+    while "bob" not in (rows := {r[0]: r for r in cells(page, "#usage-totals")}):
+        assert time.monotonic() < deadline, f"bob's request never showed: {rows}"
+        page.click("#usage-refresh")
+        page.wait_for_timeout(500)
+    requests = {name: int(r[1].replace(",", "")) for name, r in rows.items()}
+    tokens = {name: int(r[5].replace(",", "")) for name, r in rows.items()}
+    assert tokens["bob"] > tokens["alice"] and requests["bob"] < requests["alice"], rows
+    figures = page.locator("figure.chart-box")
+    expect(figures).to_have_count(2)
+    line, bars = (figures.nth(i).evaluate(LEGEND_COLOURS) for i in range(2))
+    assert line == bars and len(set(line.values())) == len(line), (line, bars)
+    # The marks carry their legend's colour: bob's line and bob's bar.
+    stroke = figures.nth(0).locator("polyline.series").nth(list(line).index("bob")).get_attribute("stroke")
+    assert stroke == line["bob"]
+    bob_bars = figures.nth(1).locator("rect.series", has=page.locator("title", has_text="bob"))
+    assert {bob_bars.nth(i).get_attribute("fill") for i in range(bob_bars.count())} == {line["bob"]}
