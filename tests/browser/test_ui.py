@@ -5,7 +5,10 @@ text. Every page is screenshotted to ``build/screenshots/``."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,8 +19,9 @@ import httpx
 import openai
 import pytest
 
-from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
+from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
 from tests.integration.test_admin_api import ADMIN_ROLES
+from tests.integration.test_make_run import demo_admin
 
 try:
     from playwright.sync_api import expect
@@ -415,3 +419,45 @@ def test_both_usage_charts_give_a_group_the_same_colour(page: Any, site: Site) -
     assert stroke == line["bob"]
     bob_bars = figures.nth(1).locator("rect.series", has=page.locator("title", has_text="bob"))
     assert {bob_bars.nth(i).get_attribute("fill") for i in range(bob_bars.count())} == {line["bob"]}
+
+
+def test_the_demo_script_prints_a_ui_address_and_an_admin_key_that_signs_in(
+    page: Any, tmp_path: Path, shot: Callable[[str], Path]
+) -> None:
+    """What `make run` runs (issue 20, item 7), from this checkout: its printed key signs in to the UI."""
+    port, mock_port, admin_port = free_port(), free_port(), free_port()
+    log = tmp_path / "demo.log"
+    demo = subprocess.Popen(
+        ["scripts/run-demo.sh", str(port), str(mock_port), str(tmp_path / "data"), str(admin_port)],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+
+        def up() -> bool:
+            if demo.poll() is not None:
+                raise RuntimeError(log.read_text())
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+
+        wait_until(up, timeout=30, what="the demo serving")
+        ui = demo_admin(log.read_text())
+        assert ui.url == f"http://127.0.0.1:{admin_port}/ui/"
+        assert (tmp_path / "data" / "demo-admin.secret").stat().st_mode & 0o077 == 0
+        assert (tmp_path / "data" / "demo.toml").stat().st_mode & 0o077 == 0
+        page.goto(ui.url)
+        page.fill("#key", ui.key)
+        page.click("#login-form button[type=submit]")
+        expect(page.locator("#who .principal")).to_have_text("demo-admin")
+        expect(page.locator("#nav a")).to_have_text(list(PAGES.values()))
+        page.click("#nav a[data-page=keys]")
+        expect(page.locator("#keys tbody tr", has_text="demo-admin-key")).to_have_count(1)
+        shot("demo-signed-in")
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)
+        try:
+            demo.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
