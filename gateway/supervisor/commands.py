@@ -40,7 +40,14 @@ RING_SLOT_BYTES = 1024  # a usage record is a few hundred bytes; names are at mo
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="run the gateway: supervisor, control worker and proxy workers")
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway: supervisor, control worker and proxy workers",
+        description="Run the gateway in the foreground until SIGTERM or Ctrl-C (which drain it): a "
+        "supervisor, a control worker that owns the store and the admin port, and proxy workers on --port. "
+        "SIGHUP re-applies --config. Flags can also come from the GATEWAY_* variables their help names; "
+        "docs/operations.md has the full table.",
+    )
     add_common_options(p)
     p.add_argument(
         "--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP"
@@ -150,7 +157,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.set_defaults(handler=run_serve)
 
-    s = sub.add_parser("status", help="show this host's supervisor, workers and snapshot")
+    s = sub.add_parser(
+        "status",
+        help="show this host's supervisor, workers and snapshot",
+        description="What the gateway running on this --data-dir is doing: its supervisor, each worker "
+        "(running, restarting or dead), the snapshot it serves and each backend's answers. Exit status 0 "
+        "while it runs, 1 otherwise.",
+    )
     add_common_options(s)
     s.add_argument("--json", action="store_true", help="print one JSON document (for scripts and monitoring)")
     s.set_defaults(handler=run_status)
