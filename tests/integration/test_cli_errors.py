@@ -139,6 +139,19 @@ def test_config_file_errors_are_one_line_naming_file_and_line(
     assert line.startswith(f"gateway {command}: error: " + message.format(file=path)), line
 
 
+def test_an_admin_certificate_that_does_not_load_is_refused_before_any_worker(tmp_path: Path) -> None:
+    pem = tmp_path / "cert.pem"
+    pem.write_text("not a certificate\n")
+    done = serve(
+        tmp_path,
+        *("--port", str(free_port()), "--admin-port", str(free_port())),
+        *("--admin-tls-cert", str(pem), "--admin-tls-key", str(pem)),
+    )
+    line = one_line_error(done)
+    assert line.startswith(f"gateway serve: error: --admin-tls-cert {pem} with --admin-tls-key {pem}: "), line
+    assert not (tmp_path / "data" / "run" / "supervisor.json").exists()
+
+
 def test_a_store_that_does_not_answer_is_one_line(tmp_path: Path) -> None:
     done = gateway(tmp_path, "keys", "list", "--database", "postgresql://gw:secret@127.0.0.1:1/gw")
     line = one_line_error(done)
@@ -158,6 +171,10 @@ def test_version_and_help_are_written_for_users(tmp_path: Path) -> None:
     mock = gateway(tmp_path, "mock-engine", "--help")
     assert mock.returncode == 0
     assert "A stand-in for a vLLM engine" in mock.stdout and "``" not in mock.stdout
+    bare = gateway(tmp_path)
+    assert one_line_error(bare) == (
+        "gateway: error: the following arguments are required: COMMAND (see 'gateway --help')"
+    )
     unknown = gateway(tmp_path, "frobnicate")
     assert one_line_error(unknown).startswith(
         "gateway: error: argument COMMAND: invalid choice: 'frobnicate'"
