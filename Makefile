@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 DATA   ?= var/data
 PORT   ?= 8080
 MOCK_PORT ?= 8001
+ADMIN_PORT ?= 8081
 
 .PHONY: run test venv native lint typecheck unit bench profile-native clean system-deps
 
@@ -26,7 +27,7 @@ system-deps:
 	@./scripts/system-deps.sh test
 
 run: venv
-	./scripts/run-demo.sh $(PORT) $(MOCK_PORT) $(DATA)
+	./scripts/run-demo.sh $(PORT) $(MOCK_PORT) $(DATA) $(ADMIN_PORT)
 
 lint: venv
 	$(BIN)/ruff check gateway tests perf

@@ -88,7 +88,10 @@ def load_hash_key(data_dir: Path) -> bytes:
     """
     raw = os.environ.get("GATEWAY_HASH_KEY")
     if raw:
-        key = bytes.fromhex(raw)
+        try:
+            key = bytes.fromhex(raw)
+        except ValueError:
+            key = b""
         if len(key) != 32:
             raise ValueError("GATEWAY_HASH_KEY must be 64 hex characters (32 bytes)")
         return key

@@ -64,7 +64,7 @@ from gateway.controlplane.configfile import (
 )
 from gateway.controlplane.dry_run import SnapshotCache, dry_run
 from gateway.controlplane.spend import budget_report, usage_groups
-from gateway.controlplane.store import AuditEntry, Store, StoreError
+from gateway.controlplane.store import MANAGED_BY_API, AuditEntry, Store, StoreError
 from gateway.controlplane.usage_commands import since_arg
 from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from gateway.keys import hash_secret
@@ -386,7 +386,9 @@ class AdminApi:
             caller.actor, "key.create", "", None, orjson.dumps({k: v for k, v in doc.items()}).decode()
         )
         key_id, secret = _write(
-            lambda: self.ctx.store.create_key(principal, name, expires_at, self.ctx.hash_key, limits, audit)
+            lambda: self.ctx.store.create_key(
+                principal, name, expires_at, self.ctx.hash_key, limits, audit, managed_by=MANAGED_BY_API
+            )
         )
         return (
             201,

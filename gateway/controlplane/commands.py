@@ -3,9 +3,9 @@
 
 Each opens the store named by ``--data-dir``/``--database``, does one thing and closes it. Output meant
 for scripts goes to stdout (the new revision, the exported TOML, a new key's secret, listings); notes
-for the operator go to stderr. A ``GatewayError`` (an invalid file, an unknown principal, ...) is
-printed as ``gateway: error: ...`` with exit status 1. Also ``apply_file``, which the supervisor calls
-for ``gateway serve --config FILE``.
+for the operator go to stderr. A ``GatewayError`` (an invalid file, an unknown principal, ...) propagates
+to ``gateway.cli.main``, which prints it as one ``gateway COMMAND: error: ...`` line per problem with exit
+status 2. Also ``apply_file``, which the supervisor calls for ``gateway serve --config FILE``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config, load_config, parse_timestamp
-from gateway.controlplane.store import open_store
-from gateway.errors import ConfigError, GatewayError
+from gateway.controlplane.store import MANAGED_BY_FILE, open_store
+from gateway.errors import ConfigError
 
 __all__ = ["apply_file", "finish_command", "print_table", "register", "utc_time"]
 
@@ -72,19 +72,9 @@ def register(sub: Any) -> None:
 
 
 def finish_command(p: argparse.ArgumentParser, handler: Handler) -> None:
+    """The store flags and the handler; errors the handler raises are reported by ``gateway.cli.main``."""
     add_common_options(p)
-    p.set_defaults(handler=_reporting(handler))
-
-
-def _reporting(handler: Handler) -> Handler:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return handler(args)
-        except GatewayError as exc:
-            print(f"gateway: error: {exc.message}", file=sys.stderr)
-            return 1
-
-    return run
+    p.set_defaults(handler=handler)
 
 
 def _hash_key(settings: Settings) -> bytes:
@@ -142,11 +132,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
         revision = store.revision()
         doc = store.config_doc()
-        cli_keys = sum(1 for k in store.list_keys() if k.managed_by == "cli" and k.revoked_at is None)
+        cli_keys = sum(
+            1 for k in store.list_keys() if k.managed_by != MANAGED_BY_FILE and k.revoked_at is None
+        )
     header = (
         f"Exported by `gateway export` at revision {revision}.\n"
         "Keys are listed without secrets; applying this file keeps their hashes.\n"
-        f"{cli_keys} key(s) created with `gateway keys create` are not listed; apply keeps them."
+        f"{cli_keys} key(s) created with `gateway keys create` or the admin API are not listed;"
+        " apply keeps them."
     )
     sys.stdout.write(dump_config(doc, header))
     return 0

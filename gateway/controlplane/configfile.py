@@ -29,6 +29,7 @@ from gateway.controlplane.routing_config import (
     parse_pool,
     parse_rules,
 )
+from gateway.controlplane.toml_places import TomlPlaces
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -196,19 +197,33 @@ class ConfigDoc:
 
 
 def load_config(path: str | Path) -> ConfigDoc:
-    """Read and validate one TOML file."""
+    """Read and validate one TOML file. Each problem is one ``FILE:LINE: place: what`` line."""
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            text = f.read().decode()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-    return parse_config(data, str(path))
+        # Python 3.11's message ends with "(at line L, column C)"; the position goes first, like a compiler's.
+        message = str(exc)
+        if at := _TOML_AT.match(message):
+            message = f"{at['line']}:{at['column']}: invalid TOML: {at['what']}"
+        else:
+            message = f" invalid TOML: {message}"
+        raise ConfigError(f"{path}:{message}") from exc
+    return parse_config(data, str(path), text)
 
 
-def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
-    """Validate a decoded TOML document; raises ``ConfigError`` listing every problem found."""
+_TOML_AT = re.compile(r"^(?P<what>.*?) \(at line (?P<line>\d+), column (?P<column>\d+)\)$", re.S)
+
+
+def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> ConfigDoc:
+    """Validate a decoded TOML document; raises ``ConfigError`` listing every problem found, one a line,
+    each with its line in ``text`` (the document's source) where that is given."""
     p = Problems()
     p.unknown_fields("", data, _SECTIONS)
     backends = _section(p, data, "backends", _backend)
@@ -232,7 +247,12 @@ def parse_config(data: dict[str, Any], source: str) -> ConfigDoc:
     _check_references(p, backends, provider_models, models, roles, principals, keys)
     check_routing(p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared)
     if p.lines:
-        raise ConfigError("\n".join(f"{source}: {line}" for line in p.lines), param=p.first_place)
+        places = TomlPlaces(text) if text is not None else None
+        located = []
+        for place, line in zip(p.places, p.lines, strict=True):
+            number = places.line_of(place) if places is not None else None
+            located.append(f"{source}:{number}: {line}" if number else f"{source}: {line}")
+        raise ConfigError("\n".join(located), param=p.first_place)
     return doc
 
 

@@ -13,6 +13,7 @@ class Problems:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.places: list[str] = []  # the place of each line, for finding it in the source text
         self.first_place: str | None = None
         # Names declared per section, valid entry or not, so that an invalid entry does not also
         # produce an "unknown ..." line at every reference to it.
@@ -20,6 +21,7 @@ class Problems:
 
     def add(self, place: str, message: str) -> None:
         self.lines.append(f"{place}: {message}")
+        self.places.append(place)
         if self.first_place is None:
             self.first_place = place
 

@@ -15,6 +15,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from gateway.cli import Parser, port_number
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.server import MockEngine, serve
 
@@ -22,10 +23,17 @@ __all__ = ["add_arguments", "main", "register", "run"]
 
 DEFAULT_MODEL = "mock-model"
 
+DESCRIPTION = """\
+A stand-in for a vLLM engine, for demos and tests: it answers OpenAI's chat and text completions
+(streamed or not), Anthropic's /v1/messages and Gemini's generateContent with made-up tokens, and serves
+vLLM-style /metrics. It runs in the foreground until Ctrl-C or SIGTERM.
+
+Point a backend at it in the gateway's config: url = "http://127.0.0.1:8001"."""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8001, help="port to listen on (default 8001)")
+    p.add_argument("--port", type=port_number, default=8001, help="port to listen on (default 8001)")
     p.add_argument(
         "--model",
         action="append",
@@ -57,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "mock-engine",
         help="run a mock vLLM-compatible engine for tests and demos",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
@@ -81,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         defaults = defaults_from_args(args)
     except ValueError as exc:
-        print(f"gateway mock-engine: {exc}", file=sys.stderr)
+        print(f"gateway mock-engine: error: {exc}", file=sys.stderr)
         return 2
     engine = MockEngine(defaults, args.models or [DEFAULT_MODEL])
 
@@ -93,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gateway mock-engine", description=__doc__)
+    p = Parser(
+        prog="gateway mock-engine",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     return run(p.parse_args(argv))

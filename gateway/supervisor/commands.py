@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import signal
+import ssl
 import sys
 import time
 from dataclasses import replace
@@ -18,14 +19,16 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import add_common_options, settings_from_args
+from gateway.cli import add_common_options, port_number, positive_int, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.dataplane.limits import HOLD_WORDS
+from gateway.errors import ConfigError
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats, sum_backends
 from gateway.shm.worker_stats import region_bytes as stats_region_bytes
+from gateway.supervisor.port_claim import PortClaim, claim_port
 from gateway.supervisor.process import Supervisor, WorkerSpec
 from gateway.supervisor.sd_notify import Notifier
 
@@ -37,7 +40,14 @@ RING_SLOT_BYTES = 1024  # a usage record is a few hundred bytes; names are at mo
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("serve", help="run the gateway: supervisor, control worker and proxy workers")
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway: supervisor, control worker and proxy workers",
+        description="Run the gateway in the foreground until SIGTERM or Ctrl-C (which drain it): a "
+        "supervisor, a control worker that owns the store and the admin port, and proxy workers on --port. "
+        "SIGHUP re-applies --config. Flags can also come from the GATEWAY_* variables their help names; "
+        "docs/operations.md has the full table.",
+    )
     add_common_options(p)
     p.add_argument(
         "--config", dest="config_file", type=Path, help="TOML config applied at start and on SIGHUP"
@@ -63,15 +73,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--control-url", help="--role proxy: the control plane's admin URL (http://host:8081)")
     p.add_argument("--admin-host", help="where the admin port listens (127.0.0.1)")
+    # String defaults from the environment go through ``type`` too, so a bad GATEWAY_PORT is refused the
+    # same way as a bad --port.
     p.add_argument(
         "--admin-port",
-        type=int,
-        default=_env_int("GATEWAY_ADMIN_PORT"),
-        help="serve the admin port (the cluster API) here; --role control: 8081 unless given",
+        type=port_number,
+        default=os.environ.get("GATEWAY_ADMIN_PORT") or None,
+        help="serve the admin API and web UI here (--role control: 8081; env GATEWAY_ADMIN_PORT)",
     )
     p.add_argument("--host", default=os.environ.get("GATEWAY_HOST"), help="listen address (127.0.0.1)")
-    p.add_argument("--port", type=int, default=_env_int("GATEWAY_PORT"), help="listen port (8080)")
-    p.add_argument("--workers", type=int, help="proxy workers (default: one per core)")
+    p.add_argument(
+        "--port",
+        type=port_number,
+        default=os.environ.get("GATEWAY_PORT") or None,
+        help="listen port (8080; env GATEWAY_PORT)",
+    )
+    p.add_argument("--workers", type=positive_int, help="proxy workers, at least 1 (default: one per core)")
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     p.add_argument(
@@ -140,14 +157,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.set_defaults(handler=run_serve)
 
-    s = sub.add_parser("status", help="show this host's supervisor, workers and snapshot")
+    s = sub.add_parser(
+        "status",
+        help="show this host's supervisor, workers and snapshot",
+        description="What the gateway running on this --data-dir is doing: its supervisor, each worker "
+        "(running, restarting or dead), the snapshot it serves and each backend's answers. Exit status 0 "
+        "while it runs, 1 otherwise.",
+    )
     add_common_options(s)
+    s.add_argument("--json", action="store_true", help="print one JSON document (for scripts and monitoring)")
     s.set_defaults(handler=run_status)
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    return int(raw) if raw else None
 
 
 class _JsonFormatter(logging.Formatter):
@@ -185,6 +204,14 @@ def _check_role(settings: Settings) -> Settings | str:
         settings = replace(settings, admin_port=8081)
     if (settings.admin_tls_cert is None) != (settings.admin_tls_key is None):
         return "--admin-tls-cert and --admin-tls-key go together"
+    if settings.admin_tls_cert is not None and settings.admin_tls_key is not None:
+        try:  # here, once, rather than in each start of the control worker
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                settings.admin_tls_cert, settings.admin_tls_key
+            )
+        except (OSError, ssl.SSLError) as exc:
+            cert, key = settings.admin_tls_cert, settings.admin_tls_key
+            return f"--admin-tls-cert {cert} with --admin-tls-key {key}: {exc.strerror or exc}"
     if settings.role == "proxy":
         if not settings.control_url:
             return "--role proxy needs --control-url, the control plane's admin URL"
@@ -200,16 +227,44 @@ def _check_role(settings: Settings) -> Settings | str:
 def run_serve(args: argparse.Namespace) -> int:
     checked = _check_role(settings_from_args(args))
     if isinstance(checked, str):
-        print(f"gateway: error: {checked}", file=sys.stderr)
-        return 2
+        raise ConfigError(checked)
     settings = checked
     _configure_logging(settings.log_level, settings.log_format)
+    # Before anything else, so that a taken port is one line and exit status 2, not a worker crash loop.
+    claims = _claim_ports(settings)
+    try:
+        return _serve(settings)
+    finally:
+        for claim in claims:
+            claim.close()
+
+
+def _claim_ports(settings: Settings) -> list[PortClaim]:
+    claims: list[PortClaim] = []
+    try:
+        if settings.role != "control":
+            claims.append(claim_port(settings.host, settings.port, "the proxy port"))
+        if settings.role != "proxy" and settings.admin_port is not None:
+            if settings.admin_port == settings.port and settings.role != "control":
+                raise ConfigError(f"--admin-port {settings.admin_port} is also the proxy port --port")
+            claims.append(claim_port(settings.admin_host, settings.admin_port, "the admin port"))
+    except BaseException:
+        for claim in claims:
+            claim.close()
+        raise
+    return claims
+
+
+def _serve(settings: Settings) -> int:
     from gateway.controlplane.commands import apply_file
     from gateway.controlplane.store import open_store
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    hash_key = load_hash_key(settings.data_dir)
+    try:
+        hash_key = load_hash_key(settings.data_dir)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if settings.role != "proxy":  # a proxy-role host has no store: its control plane has
         if settings.config_file is not None:
             revision = apply_file(settings, settings.config_file)
@@ -243,6 +298,11 @@ def run_serve(args: argparse.Namespace) -> int:
         seen = {doc.get("pid") for _, doc in stats_view.documents()}
         return bool(proxies) and proxies <= seen
 
+    def came_up(spec: WorkerSpec, pid: int) -> bool:
+        """A proxy worker came up once it published statistics from inside its running server (its slot
+        keeps them after it exits); for the control worker the supervisor goes by how long it lived."""
+        return spec.kind == "proxy" and any(doc.get("pid") == pid for _, doc in stats_view.documents())
+
     sup = Supervisor(
         specs,
         grace_period=settings.grace_period,
@@ -250,6 +310,7 @@ def run_serve(args: argparse.Namespace) -> int:
         notify=notifier,
         ready=every_worker_serves,
         watchdog_s=notifier.watchdog_s,
+        came_up=came_up,
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {
@@ -270,8 +331,12 @@ def run_serve(args: argparse.Namespace) -> int:
     # 503 until a snapshot arrives, which beats not listening at all.
     wait = 10.0 if settings.role == "proxy" else 30.0
     deadline = time.monotonic() + wait
-    while reader.generation() == 0 and time.monotonic() < deadline:
+    while reader.generation() == 0 and time.monotonic() < deadline and sup.fatal is None:
+        sup.poll()  # a control worker that fails at start is restarted, or stops the gateway, meanwhile
         time.sleep(0.02)
+    if sup.fatal is not None:
+        sup.drain()
+        return 1
     if reader.generation() == 0 and settings.role != "control":
         log.error("no snapshot within %.0f s; starting proxies anyway (they answer 503 until one is)", wait)
     if settings.role == "control":
@@ -324,40 +389,128 @@ def run_status(args: argparse.Namespace) -> int:
     try:
         state = orjson.loads(path.read_bytes())
     except FileNotFoundError:
-        print(f"no gateway state under {settings.run_dir}", file=sys.stderr)
+        if args.json:
+            print(orjson.dumps({"running": False, "run_dir": str(settings.run_dir)}).decode())
+        else:
+            print(f"no gateway state under {settings.run_dir}", file=sys.stderr)
         return 1
-    pid = state.get("supervisor_pid", 0)
+    doc = status_document(state)
+    if args.json:
+        print(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    else:
+        _print_status(doc)
+    return 0 if doc["supervisor"]["running"] else 1
+
+
+def status_document(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``gateway status`` shows, from the supervisor's state file and the live shared segments.
+
+    A worker is ``running`` only if its process exists; the state file of a supervisor that was killed
+    still lists the pids and uptimes it last wrote, which then say ``dead``. A worker between two lives
+    (pid 0 while the supervisor runs) is ``restarting``, or ``stopped`` once the supervisor drains."""
+    pid = int(state.get("supervisor_pid", 0))
     alive = _pid_alive(pid)
-    print(
-        f"supervisor pid={pid} {'running' if alive else 'not running'} role={state.get('role', 'all')}"
-        f" listening={state.get('host')}:{state.get('port')} admin_port={state.get('admin_port') or '-'}"
-    )
+    doc: dict[str, Any] = {
+        "supervisor": {
+            "pid": pid,
+            "running": alive,
+            "stopping": bool(state.get("stopping")),
+            "stopped_because": state.get("fatal"),
+        },
+        "role": state.get("role", "all"),
+        "listening": f"{state.get('host')}:{state.get('port')}",
+        "admin_port": state.get("admin_port"),
+        "snapshot": None,
+        "workers": [],
+        "backends": {},
+    }
     if alive and state.get("snapshot_segment") is not None:
         try:
             seg = Segment.attach(int(state["snapshot_segment"]))
-            reader = SnapshotReader(seg.buf)
-            control, seen = reader.control_state()
-            where = {0: "local store", 1: "control plane answering", 2: "control plane unreachable"}[control]
-            print(
-                f"snapshot generation={reader.generation()} published_at={reader.published_at():.0f}"
-                f" source={where}" + (f" last_answered={seen:.0f}" if control else "")
-            )
-            seg.close()
-        except Exception as exc:
-            print(f"snapshot: unreadable ({exc})")
+        except Exception as exc:  # the segment went with a supervisor that is exiting
+            doc["snapshot"] = {"error": str(exc)}
+        else:
+            try:
+                reader = SnapshotReader(seg.buf)
+                control, seen = reader.control_state()
+                doc["snapshot"] = {
+                    "generation": reader.generation(),
+                    "published_at": reader.published_at(),
+                    "source": {
+                        0: "local store",
+                        1: "control plane answering",
+                        2: "control plane unreachable",
+                    }[control],
+                    "last_answered": seen if control else None,
+                }
+            finally:
+                seg.close()
     stats = _worker_stats(state) if alive else {}
     for w in state.get("workers", []):
-        line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
-        doc = stats.get(w["pid"])
-        if doc is not None:
-            line += f" in_flight={doc.get('in_flight', 0)} requests={doc.get('requests', 0)}"
+        wpid = int(w.get("pid") or 0)
+        if wpid and alive and _pid_alive(wpid):
+            status = "running"
+        elif wpid:
+            status = "dead"
+        elif alive and not state.get("stopping") and not state.get("fatal"):
+            status = "restarting"
+        else:
+            status = "stopped"
+        entry: dict[str, Any] = {
+            "name": w["name"],
+            "kind": w.get("kind"),
+            "status": status,
+            "pid": wpid if status == "running" else None,
+            "last_pid": wpid or None,
+            "uptime": w.get("uptime") if status == "running" else None,
+            "restarts": w.get("restarts", 0),
+            "exit_codes": w.get("exit_codes", []),
+            "start_failure": w.get("start_failure"),
+        }
+        live = stats.get(wpid) if status == "running" else None
+        if live is not None:
+            entry["in_flight"] = live.get("in_flight", 0)
+            entry["requests"] = live.get("requests", 0)
+        doc["workers"].append(entry)
+    doc["backends"] = dict(sorted(sum_backends(list(stats.values())).items()))
+    return doc
+
+
+def _print_status(doc: dict[str, Any]) -> None:
+    sup = doc["supervisor"]
+    print(
+        f"supervisor pid={sup['pid']} {'running' if sup['running'] else 'not running'} role={doc['role']}"
+        f" listening={doc['listening']} admin_port={doc['admin_port'] or '-'}"
+    )
+    if sup["stopped_because"]:
+        print(f"stopped because: {sup['stopped_because']}")
+    snap = doc["snapshot"]
+    if snap is not None and "error" in snap:
+        print(f"snapshot: unreadable ({snap['error']})")
+    elif snap is not None:
+        print(
+            f"snapshot generation={snap['generation']} published_at={snap['published_at']:.0f}"
+            f" source={snap['source']}"
+            + (f" last_answered={snap['last_answered']:.0f}" if snap["last_answered"] is not None else "")
+        )
+    for w in doc["workers"]:
+        if w["status"] == "running":
+            line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
+            if "in_flight" in w:
+                line += f" in_flight={w['in_flight']} requests={w['requests']}"
+        else:
+            was = f" (was pid {w['last_pid']})" if w["last_pid"] else ""
+            line = f"  {w['name']:<10} {w['status'].upper()}{was} restarts={w['restarts']}"
+            if w["exit_codes"]:
+                line += f" last_exit={w['exit_codes'][-1]}"
+            if w["start_failure"]:
+                line += f" start_failure={w['start_failure']!r}"
         print(line)
-    for name, b in sorted(sum_backends(list(stats.values())).items()):
+    for name, b in doc["backends"].items():
         print(
             f"  backend {name:<12} answered={b['answered']} failed={b['failed']} in_flight={b['in_flight']}"
             + (f" last_error={b['last_error']!r}" if b["last_error"] else "")
         )
-    return 0 if alive else 1
 
 
 def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -1,8 +1,11 @@
-"""The supervisor: fork, watch, respawn with backoff, drain.
+"""The supervisor: fork, watch, respawn with backoff, drain; stop when a worker fails at start twice.
 
 Signals are blocked in the supervisor and collected with ``sigtimedwait`` in its main loop, so a handler
 never runs in the middle of a fork or a state update: signals only queue, the loop acts. Children unblock
-them right after the fork. I/O: fork/kill/waitpid, and a small JSON state file for ``gateway status``.
+them right after the fork. A worker whose ``main`` raises writes one line saying why to a pipe the
+supervisor reads when it reaps the worker: the same reason twice in a row from a worker that never came
+up (a port, a certificate, a store it cannot have) stops the gateway with that reason instead of a restart
+loop. I/O: fork/kill/waitpid, that pipe, and a small JSON state file for ``gateway status``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ _PR_SET_PDEATHSIG = 1
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 30.0  # a worker that lived this long restarts without backoff
+# A worker that lived this long had started, whatever ``came_up`` says; one that did not and failed twice
+# in a row for the same reason will not get further by trying again.
+START_WINDOW = 10.0
 
 
 @dataclass(slots=True)
@@ -43,6 +49,7 @@ class WorkerSpec:
     backoff: float = BACKOFF_FIRST
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
+    start_failure: str | None = None  # why its last start failed, while it has not come up since
 
 
 def _exit_code(status: int) -> int:
@@ -60,6 +67,7 @@ class Supervisor:
         notify: Callable[[str], None] | None = None,
         ready: Callable[[], bool] | None = None,
         watchdog_s: float | None = None,
+        came_up: Callable[[WorkerSpec, int], bool] | None = None,
     ) -> None:
         self.specs = specs
         self.grace_period = grace_period
@@ -71,6 +79,13 @@ class Supervisor:
         self.started_at = time.time()
         self.extra_state: dict[str, object] = {}
         self._stopping = False
+        self.came_up = came_up  # whether the worker (spec, pid) got as far as serving
+        self.fatal: str | None = None  # why the gateway stops on its own
+        self._failures_r, self._failures_w = os.pipe()
+        os.set_blocking(self._failures_r, False)
+        # A worker never waits on a full pipe (64 KiB of unread reasons); it skips the report instead.
+        os.set_blocking(self._failures_w, False)
+        self._failure_text = b""
 
     # -- children -------------------------------------------------------------------------------
     def _spawn(self, spec: WorkerSpec) -> None:
@@ -78,6 +93,7 @@ class Supervisor:
         if pid == 0:  # child
             code = 1
             try:
+                os.close(self._failures_r)
                 signal.pthread_sigmask(signal.SIG_SETMASK, set())
                 for sig in _HANDLED:
                     signal.signal(sig, signal.SIG_DFL)
@@ -87,8 +103,9 @@ class Supervisor:
                 code = spec.main()
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
+            except BaseException as exc:
                 log.exception("worker %s crashed", spec.name)
+                self._report_failure(exc)
                 code = 1
             finally:
                 os._exit(code)
@@ -96,6 +113,38 @@ class Supervisor:
         spec.started_at = time.monotonic()
         spec.restart_at = None
         log.info("started %s worker %s pid=%d", spec.kind, spec.name, pid)
+
+    def _report_failure(self, exc: BaseException) -> None:
+        """In the child: one line ``pid TAB reason`` (under PIPE_BUF, so written whole or not at all)."""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        reason = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+        line = f"{os.getpid()}\t{reason[:1000]}\n".encode(errors="replace")
+        try:
+            os.write(self._failures_w, line)
+        except OSError:
+            pass
+
+    def _failure_of(self, pid: int) -> str | None:
+        """The reason the worker ``pid`` reported, if it did; reads what the pipe holds."""
+        while True:
+            try:
+                chunk = os.read(self._failures_r, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._failure_text += chunk
+        found: str | None = None
+        *lines, self._failure_text = self._failure_text.split(b"\n")
+        kept = []
+        for raw in lines:
+            who, _, reason = raw.decode(errors="replace").partition("\t")
+            if who == str(pid):
+                found = reason
+            elif who.isdigit() and any(s.pid == int(who) for s in self.specs):
+                kept.append(raw)  # a worker that is being reaped next
+        self._failure_text = b"".join(line + b"\n" for line in kept) + self._failure_text
+        return found
 
     def spawn(self, spec: WorkerSpec) -> None:
         self._spawn(spec)
@@ -115,12 +164,22 @@ class Supervisor:
                     break
 
     def _on_exit(self, spec: WorkerSpec, code: int) -> None:
-        spec.pid = 0
+        pid, spec.pid = spec.pid, 0
         spec.exit_codes = ([*spec.exit_codes, code])[-10:]
+        reason = self._failure_of(pid)
         if self._stopping:
             log.info("%s worker %s exited with %d", spec.kind, spec.name, code)
             return
         lived = time.monotonic() - spec.started_at
+        came_up = lived >= START_WINDOW or (self.came_up is not None and self.came_up(spec, pid))
+        if came_up or reason is None:
+            spec.start_failure = None
+        elif reason == spec.start_failure:
+            self.fatal = f"{spec.kind} worker {spec.name} failed at start twice in a row: {reason}"
+            log.error("%s; stopping the gateway", self.fatal)
+            return
+        else:
+            spec.start_failure = reason
         if lived >= STABLE_AFTER:
             spec.backoff = BACKOFF_FIRST
         delay = spec.backoff
@@ -135,6 +194,12 @@ class Supervisor:
             lived,
             delay,
         )
+
+    def poll(self) -> None:
+        """Reap exited workers and restart those due; for waits before ``run`` (the first snapshot)."""
+        self._reap()
+        if self.fatal is None:
+            self._restart_due()
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -152,6 +217,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "started_at": self.started_at,
             "stopping": self._stopping,
+            "fatal": self.fatal,
             "workers": [
                 {
                     "name": s.name,
@@ -160,6 +226,7 @@ class Supervisor:
                     "restarts": s.restarts,
                     "uptime": round(time.monotonic() - s.started_at, 1) if s.pid else 0.0,
                     "exit_codes": s.exit_codes,
+                    "start_failure": s.start_failure,
                 }
                 for s in self.specs
             ],
@@ -208,6 +275,9 @@ class Supervisor:
             elif sig in (signal.SIGTERM, signal.SIGINT):
                 return self.drain()
             self._reap()
+            if self.fatal is not None:
+                self.drain()
+                return 1
             self._restart_due()
             if time.monotonic() - last_state > 2.0:
                 self.write_state()

@@ -5,7 +5,10 @@ text. Every page is screenshotted to ``build/screenshots/``."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,8 +19,9 @@ import httpx
 import openai
 import pytest
 
-from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
+from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
 from tests.integration.test_admin_api import ADMIN_ROLES
+from tests.integration.test_make_run import demo_admin
 
 try:
     from playwright.sync_api import expect
@@ -150,6 +154,9 @@ def test_sign_in_create_a_key_use_it_see_its_usage_and_revoke_it(
     expect(key_row).to_have_count(1)
     expect(key_row.locator("td").first).to_have_text(XSS_KEY)
     expect(key_row).to_contain_text("rpm 600")
+    expect(key_row.locator("td").nth(7)).to_have_text("admin API / UI")  # not "cli" (issue 20, item 9)
+    cli_row = page.locator("#keys tbody tr", has_text="ops").first
+    expect(cli_row.locator("td").nth(7)).to_have_text("gateway keys create")
     expect(page.locator("#principals tbody td:first-child", has_text=XSS_PRINCIPAL)).to_have_count(1)
     no_markup_ran(page)
     page.click("#secret-slot button.link")
@@ -367,3 +374,90 @@ def test_rules_pools_and_the_dry_run(
         shot("models-rules")
     finally:
         gw.stop()
+
+
+LEGEND_COLOURS = """figure => Object.fromEntries([...figure.querySelectorAll('.legend li')].map(
+    li => [li.textContent, li.querySelector('rect').getAttribute('fill')]))"""
+
+
+def test_both_usage_charts_give_a_group_the_same_colour(page: Any, site: Site) -> None:
+    """bob sends one long request and carol three short ones: bob leads the tokens chart and carol the
+    requests chart, and each keeps one colour in both (issue 20, item 9)."""
+    gw = site.gw
+    bob, carol = gw.create_key("bob"), gw.create_key("alice")
+    gw.wait_key_live(bob)
+    gw.wait_key_live(carol)
+    long = {"model": "pm-a", "messages": [{"role": "user", "content": "word " * 3000}], "max_tokens": 4}
+    short = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    assert (
+        httpx.post(
+            gw.url + "/v1/chat/completions", json=long, headers={"authorization": f"Bearer {bob}"}
+        ).status_code
+        == 200
+    )
+    for _ in range(3):
+        r = httpx.post(
+            gw.url + "/v1/chat/completions", json=short, headers={"authorization": f"Bearer {carol}"}
+        )
+        assert r.status_code == 200
+    sign_in(page, site, "ops")
+    page.click("#nav a[data-page=usage]")
+    deadline = time.monotonic() + 20
+    while "bob" not in (rows := {r[0]: r for r in cells(page, "#usage-totals")}):
+        assert time.monotonic() < deadline, f"bob's request never showed: {rows}"
+        page.click("#usage-refresh")
+        page.wait_for_timeout(500)
+    requests = {name: int(r[1].replace(",", "")) for name, r in rows.items()}
+    tokens = {name: int(r[5].replace(",", "")) for name, r in rows.items()}
+    assert tokens["bob"] > tokens["alice"] and requests["bob"] < requests["alice"], rows
+    figures = page.locator("figure.chart-box")
+    expect(figures).to_have_count(2)
+    line, bars = (figures.nth(i).evaluate(LEGEND_COLOURS) for i in range(2))
+    assert line == bars and len(set(line.values())) == len(line), (line, bars)
+    # The marks carry their legend's colour: bob's line and bob's bar.
+    stroke = figures.nth(0).locator("polyline.series").nth(list(line).index("bob")).get_attribute("stroke")
+    assert stroke == line["bob"]
+    bob_bars = figures.nth(1).locator("rect.series", has=page.locator("title", has_text="bob"))
+    assert {bob_bars.nth(i).get_attribute("fill") for i in range(bob_bars.count())} == {line["bob"]}
+
+
+def test_the_demo_script_prints_a_ui_address_and_an_admin_key_that_signs_in(
+    page: Any, tmp_path: Path, shot: Callable[[str], Path]
+) -> None:
+    """What `make run` runs (issue 20, item 7), from this checkout: its printed key signs in to the UI."""
+    port, mock_port, admin_port = free_port(), free_port(), free_port()
+    log = tmp_path / "demo.log"
+    demo = subprocess.Popen(
+        ["scripts/run-demo.sh", str(port), str(mock_port), str(tmp_path / "data"), str(admin_port)],
+        cwd=ROOT,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+
+        def up() -> bool:
+            if demo.poll() is not None:
+                raise RuntimeError(log.read_text())
+            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+
+        wait_until(up, timeout=30, what="the demo serving")
+        ui = demo_admin(log.read_text())
+        assert ui.url == f"http://127.0.0.1:{admin_port}/ui/"
+        assert (tmp_path / "data" / "demo-admin.secret").stat().st_mode & 0o077 == 0
+        assert (tmp_path / "data" / "demo.toml").stat().st_mode & 0o077 == 0
+        page.goto(ui.url)
+        page.fill("#key", ui.key)
+        page.click("#login-form button[type=submit]")
+        expect(page.locator("#who .principal")).to_have_text("demo-admin")
+        expect(page.locator("#nav a")).to_have_text(list(PAGES.values()))
+        page.click("#nav a[data-page=keys]")
+        expect(page.locator("#keys tbody tr", has_text="demo-admin-key")).to_have_count(1)
+        shot("demo-signed-in")
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)
+        try:
+            demo.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()

@@ -145,7 +145,7 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        (("keys", "create", "--principal", "nobody"), {}, "gateway: error: no principal named 'nobody'"),
+        (("keys", "create", "--principal", "nobody"), {}, "gateway keys: error: no principal named 'nobody'"),
         (("keys", "create", "--principal", "alice", "--expires", "1"), {}, "--expires is in the past"),
         (
             ("keys", "create", "--principal", "alice", "--expires", "soon"),
@@ -169,13 +169,14 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
         (("apply", "/nonexistent.toml"), {}, "/nonexistent.toml: cannot read"),
     ],
 )
-def test_errors_exit_1_with_a_message(
+def test_errors_exit_2_with_a_one_line_message(
     tmp_path: Path, args: tuple[str, ...], env: dict[str, str], message: str
 ) -> None:
     _ok(_gateway(tmp_path, "apply", str(EXAMPLE)))
     result = _gateway(tmp_path, *args, extra_env=env)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert message in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stdout == ""
 
 
@@ -183,13 +184,16 @@ def test_invalid_file_names_the_place_and_writes_nothing(tmp_path: Path) -> None
     bad = tmp_path / "bad.toml"
     bad.write_text('[[backends]]\nname = "x"\nurl = "ftp://x"\n')
     result = _gateway(tmp_path / "data", "apply", str(bad))
-    assert result.returncode == 1
-    assert f"{bad}: backends[0].url: must be an http:// or https:// URL" in result.stderr
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == f"gateway apply: error: {bad}:3: backends[0].url: must be an http:// or https:// URL\n"
+    )
     with open_store(Settings(data_dir=tmp_path / "data")) as store:
         assert store.revision() == 0
 
 
 def test_apply_needs_backend_key_env(tmp_path: Path) -> None:
     result = _gateway(tmp_path, "apply", str(EXAMPLE), extra_env={"SGLANG_API_KEY": ""})
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "environment variable SGLANG_API_KEY is not set" in result.stderr

@@ -595,7 +595,7 @@ def test_toml_datetime_expiry(tmp_path: Path) -> None:
 def test_load_config_reports_toml_syntax_and_missing_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[[backends]\n")
-    with pytest.raises(ConfigError, match=r"bad.toml: invalid TOML"):
+    with pytest.raises(ConfigError, match=r"bad.toml:1:11: invalid TOML: Expected"):
         load_config(bad)
     with pytest.raises(ConfigError, match=r"missing.toml: cannot read"):
         load_config(tmp_path / "missing.toml")

@@ -14,10 +14,22 @@ from gateway.config import Settings
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
-from gateway.controlplane.store._store import AuditEntry, KeyInfo, PrincipalInfo, Store, StoreState
+from gateway.controlplane.store._store import (
+    MANAGED_BY_API,
+    MANAGED_BY_CLI,
+    MANAGED_BY_FILE,
+    AuditEntry,
+    KeyInfo,
+    PrincipalInfo,
+    Store,
+    StoreState,
+)
 from gateway.errors import ConfigError
 
 __all__ = [
+    "MANAGED_BY_API",
+    "MANAGED_BY_CLI",
+    "MANAGED_BY_FILE",
     "AuditEntry",
     "Driver",
     "KeyInfo",

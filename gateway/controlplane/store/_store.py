@@ -54,6 +54,7 @@ __all__ = ["AuditEntry", "KeyInfo", "PrincipalInfo", "Store", "StoreState"]
 Row = tuple[Any, ...]
 MANAGED_BY_FILE = "file"
 MANAGED_BY_CLI = "cli"
+MANAGED_BY_API = "api"  # created through the admin API, the web UI's included
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +68,7 @@ class KeyInfo:
     created_at: float
     expires_at: float | None
     revoked_at: float | None
-    managed_by: str  # "file" | "cli"
+    managed_by: str  # "file" | "cli" | "api"
     limits: LimitsSpec | None = None
 
     def status(self, now: float | None = None) -> str:
@@ -460,8 +461,10 @@ class Store:
         hash_key: bytes,
         limits: LimitsSpec | None = None,
         audit: AuditEntry | None = None,
+        managed_by: str = MANAGED_BY_CLI,
     ) -> tuple[str, str]:
-        """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored."""
+        """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored.
+        ``managed_by`` says where it was made: ``cli`` or ``api`` (the admin API and web UI)."""
         if name is not None and (problem := check_name(name)):
             raise ConfigError(f"key name {problem}")
         for field, value in zip(LIMIT_FIELDS, _limit_params(limits), strict=True):
@@ -487,7 +490,7 @@ class Store:
                     key_hash,
                     time.time(),
                     expires_at,
-                    MANAGED_BY_CLI,
+                    managed_by,
                     *_limit_params(limits),
                 ),
             )

@@ -1,10 +1,18 @@
 // Charts as inline SVG, drawn here: a line chart and a stacked bar chart over time buckets, with axes,
 // gridlines and a legend. Colours are presentation attributes (fill, stroke), not style, so the strict
-// Content-Security-Policy (no inline style) holds; every label is a text node.
+// Content-Security-Policy (no inline style) holds; every label is a text node. A series brings its own
+// colour (see colours()), so that charts drawn side by side give one group one colour.
 
 import { fmtCompact, h, svg } from "./dom.js";
 
 export const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
+
+/** One colour per name, in the order given; the same map for every chart of a page. */
+export function colours(names) {
+  return new Map(names.map((name, i) => [name, PALETTE[i % PALETTE.length]]));
+}
+
+const colourOf = (s, i) => s.colour || PALETTE[i % PALETTE.length];
 
 const W = 760;
 const H = 260;
@@ -67,7 +75,7 @@ function legend(series) {
         "li",
         {},
         svg("svg", { width: 12, height: 12, viewBox: "0 0 12 12", "aria-hidden": "true" },
-          svg("rect", { width: 12, height: 12, rx: 2, fill: PALETTE[i % PALETTE.length] })),
+          svg("rect", { width: 12, height: 12, rx: 2, fill: colourOf(s, i) })),
         s.name,
       ),
     ),
@@ -79,13 +87,13 @@ function figure(title, chart, series) {
 }
 
 /**
- * One line per series over the buckets `xs`: series = [{name, values: [number per x]}].
+ * One line per series over the buckets `xs`: series = [{name, values: [number per x], colour?}].
  */
 export function lineChart(title, xs, series, formatX) {
   const top = Math.max(0, ...series.flatMap((s) => s.values));
   const { root, x, y } = frame(title, xs, top, formatX);
   series.forEach((s, i) => {
-    const colour = PALETTE[i % PALETTE.length];
+    const colour = colourOf(s, i);
     const points = s.values.map((v, j) => `${x(j).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
     root.append(svg("polyline", { points, fill: "none", stroke: colour, "stroke-width": 2, class: "series" }));
     s.values.forEach((v, j) => {
@@ -118,7 +126,7 @@ export function stackedBarChart(title, xs, series, formatX) {
             y: y(base + v).toFixed(1),
             width: width.toFixed(1),
             height: Math.max(0.5, y(base) - y(base + v)).toFixed(1),
-            fill: PALETTE[i % PALETTE.length],
+            fill: colourOf(s, i),
             class: "series",
           },
           svg("title", {}, `${s.name} · ${formatX(xs[j])}: ${v.toLocaleString("en-US")}`),

@@ -10,6 +10,9 @@ const LIMIT_FIELDS = [
   ["concurrent_requests", "Concurrent requests"],
 ];
 
+// Where a key was made, in words: the store says file, cli or api (the admin API, this UI included).
+const MADE_BY = { file: "config file", cli: "gateway keys create", api: "admin API / UI" };
+
 function statusBadge(status) {
   return badge(status, status === "active" ? "ok" : "neutral");
 }
@@ -195,7 +198,7 @@ export async function render(main, ctx) {
           ["Created", (k) => fmtTime(k.created_at)],
           ["Expires", (k) => (k.expires_at ? fmtTime(k.expires_at) : "never")],
           ["Limits", (k) => fmtLimits(k.limits)],
-          ["Managed by", (k) => k.managed_by],
+          ["Managed by", (k) => MADE_BY[k.managed_by] || k.managed_by],
           [
             "",
             (k) =>

@@ -1,7 +1,7 @@
 // Usage: tokens and requests over time per principal, model, key or backend, as SVG charts, with the
 // totals, the budgets, and a CSV export of the same query (GET /admin/usage?format=csv).
 
-import { lineChart, stackedBarChart } from "./chart.js";
+import { colours, lineChart, stackedBarChart } from "./chart.js";
 import { DASH, badge, clear, field, fmtNum, fmtTime, h, section, table } from "./dom.js";
 
 // What the range selector offers: how far back, and the bucket size the API is asked for.
@@ -27,8 +27,12 @@ function xFormatter(step) {
   };
 }
 
-/** The API's groups (one per group and bucket) as aligned series over every bucket of the range. */
-function seriesOf(data, step, metric) {
+/**
+ * The API's groups (one per group and bucket) as aligned series over every bucket of the range, in the
+ * order `names` gives (the totals table's), past MAX_SERIES added up as "other": so the tokens chart and
+ * the requests chart show the same series in the same order, each in its one colour from `palette`.
+ */
+function seriesOf(data, step, metric, names, palette) {
   const first = Math.floor(data.since / step) * step;
   const last = Math.floor((data.until - 1) / step) * step;
   const xs = [];
@@ -40,13 +44,16 @@ function seriesOf(data, step, metric) {
     const i = index.get(g.bucket_start);
     if (i !== undefined) byGroup.get(g.group)[i] += g[metric];
   }
-  let series = [...byGroup.entries()]
-    .map(([name, values]) => ({ name, values, total: values.reduce((a, b) => a + b, 0) }))
-    .sort((a, b) => b.total - a.total || a.name.localeCompare(b.name));
+  let series = names.map((name) => ({
+    name,
+    values: byGroup.get(name) || new Array(xs.length).fill(0),
+    colour: palette.get(name),
+  }));
   if (series.length > MAX_SERIES) {
     const rest = series.slice(MAX_SERIES - 1);
     const other = xs.map((_, i) => rest.reduce((sum, s) => sum + s.values[i], 0));
-    series = [...series.slice(0, MAX_SERIES - 1), { name: `other (${rest.length})`, values: other }];
+    const name = `other (${rest.length})`;
+    series = [...series.slice(0, MAX_SERIES - 1), { name, values: other, colour: palette.get(name) }];
   }
   return { xs, series };
 }
@@ -81,9 +88,12 @@ export async function render(main, ctx) {
     csv.setAttribute("href", `/admin/usage?${query}&format=csv`);
     const [data, spend] = await Promise.all([ctx.api("GET", `/admin/usage?${query}`), ctx.api("GET", "/admin/budgets")]);
     const fmt = xFormatter(r.step);
-    const tokens = seriesOf(data, r.step, "total_tokens");
-    const requests = seriesOf(data, r.step, "requests");
     const rows = totals(data.groups);
+    const names = rows.map((t) => t.group);
+    const shown = names.length > MAX_SERIES ? [...names.slice(0, MAX_SERIES - 1), `other (${names.length - MAX_SERIES + 1})`] : names;
+    const palette = colours(shown);
+    const tokens = seriesOf(data, r.step, "total_tokens", names, palette);
+    const requests = seriesOf(data, r.step, "requests", names, palette);
     clear(body).append(
       h("p", { class: "muted" }, `${fmtTime(data.since)} to ${fmtTime(data.until)}, per ${r.bucket}, by ${data.by}.`),
       rows.length
