@@ -38,11 +38,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import hash_secret
-from gateway.protocol.anthropic import (
-    estimate_input_tokens,
-    parse_count_tokens_request,
-    parse_messages_request,
-)
+from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
@@ -271,6 +267,9 @@ class ProxyApp:
             await self.run_guarded(proto, forwarder.forward(proto, out, targets))
             return
         exchange.tag = decision.tag
+        if out.dialect == "anthropic" and exchange.request_id:
+            # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
+            exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
         if (
             info.stream
             and not info.stream_options
@@ -309,7 +308,8 @@ class ProxyApp:
         if path in (_MESSAGES, _COUNT_TOKENS):
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
-            req = parse_messages_request(body) if path == _MESSAGES else parse_count_tokens_request(body)
+            # Only what the gateway reads is checked here; the rest is the backend's, or the translator's.
+            req = read_messages_head(body, count_tokens=path == _COUNT_TOKENS)
             info = RequestInfo(req.model, req.stream, False, req.max_tokens or None, None, user=req.user_id)
             return Outgoing(
                 "anthropic",
