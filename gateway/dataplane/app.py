@@ -229,10 +229,11 @@ class ProxyApp:
         out = self.outgoing(scope, path, body)
         info = out.info
         assert info is not None
-        route = snap.routes.get(info.model)
+        route = snap.route(info.model)
         if route is None:
             raise NotFound(f"The model `{info.model}` does not exist", param="model")
-        if not key.principal.may_use(info.model):
+        # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
+        if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
         if path == _COUNT_TOKENS:
             assert out.messages is not None
