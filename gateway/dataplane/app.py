@@ -271,14 +271,16 @@ class ProxyApp:
         if out.dialect == "anthropic" and exchange.request_id:
             # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
             exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
-        if (
+        injected = (
             info.stream
             and not info.stream_options
             and path in _STREAM_USAGE_PATHS
             and self.settings.inject_stream_usage
-        ):
+        )
+        if injected:
             out.body = inject_stream_usage(body)
         tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
+        tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))
