@@ -30,11 +30,8 @@ HOLD_LIMIT: Final = 16384
 """Longest incomplete event held back; a longer one goes on as it is (a usage chunk is far shorter)."""
 
 _USAGE: Final = b'"usage"'
-_NULLS: Final = (
-    (b',"usage":null}\n', b"}\n"),
-    (b',"usage":null}\r', b"}\r"),
-    (b', "usage": null}\n', b"}\n"),
-)
+_NULL_LF: Final = b',"usage":null}\n'
+_OTHER_NULLS: Final = ((b',"usage":null}\r', b"}\r"), (b', "usage": null}\n', b"}\n"))
 _EMPTY_CHOICES: Final = (b'"choices":[]', b'"choices": []')
 _DONE: Final = b"[DONE]"
 
@@ -57,7 +54,8 @@ def _start_of_event(data: bytes, end: int) -> int:
 
 
 def _is_usage_chunk(event: bytes) -> bool:
-    return event.lstrip().startswith(b"data:") and any(c in event for c in _EMPTY_CHOICES)
+    empty = _EMPTY_CHOICES[0] in event or _EMPTY_CHOICES[1] in event
+    return empty and event.lstrip().startswith(b"data:")
 
 
 def _is_done(data: bytes) -> bool:
@@ -89,9 +87,11 @@ class UsageWithholder:
                 data = chunk + data
         if data.find(_USAGE) < 0:
             return data
-        for null, brace in _NULLS:
-            if null in data:
-                data = data.replace(null, brace)
+        data = data.replace(_NULL_LF, b"}\n")  # ``data`` itself when there is none
+        if data.find(_USAGE) < 0:  # the usual piece: chunks whose only usage was null
+            return data
+        for null, brace in _OTHER_NULLS:
+            data = data.replace(null, brace)
         return self._cut_usage_chunk(data)
 
     def _cut_usage_chunk(self, data: bytes) -> bytes:

@@ -64,11 +64,13 @@ def test_the_usage_chunk_is_held_only_until_what_follows_is_known() -> None:
     assert w.feed(content) == content  # no delay for an ordinary event
     assert w.feed(usage) == b""
     assert w.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
-    # Not the last event after all (an Azure-style first chunk has choices [] too): it goes out in place.
+    # Choices [] without usage (Azure's first chunk) is no usage chunk: it goes on at once.
     w = UsageWithholder()
     first = b'data: {"choices":[],"prompt_filter_results":[],"usage":null}\n\n'
-    assert w.feed(first) == b""
-    assert w.feed(content) == first.replace(b',"usage":null}', b"}") + content
+    assert w.feed(first) == first.replace(b',"usage":null}', b"}")
+    # A usage chunk that turns out not to be the last event goes out where it was.
+    assert w.feed(usage) == b""
+    assert w.feed(content) == usage + content
     # A stream that ends without [DONE]: the usage chunk, its last event, is never sent.
     w = UsageWithholder()
     assert w.feed(content + usage) == content
