@@ -231,7 +231,9 @@ class ProxyApp:
         assert info is not None
         route = snap.route(info.model)
         if route is None:
-            raise NotFound(f"The model `{info.model}` does not exist", param="model")
+            # Each API's own wording: Anthropic's clients match on "model: NAME" with not_found_error.
+            missing = f"model: {info.model}" if out.dialect == "anthropic" else None
+            raise NotFound(missing or f"The model `{info.model}` does not exist", param="model")
         # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
         if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
