@@ -238,6 +238,12 @@ class ProxyApp:
         if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
         if path == _COUNT_TOKENS:
+            # An Anthropic backend counts for itself, exactly (and reads what it wants of the body); for a
+            # route without one the gateway answers its estimate. Neither is rate-limited nor recorded.
+            native = tuple(t for t in route.targets if t.backend.protocol == "anthropic")
+            if native:
+                await self.run_guarded(proto, self.forwarder_or_fail().forward(proto, out, native))
+                return
             assert out.messages is not None
             proto.response_bytes(
                 200, _JSON, orjson.dumps({"input_tokens": estimate_input_tokens(out.messages)})

@@ -204,6 +204,31 @@ def test_count_tokens_is_an_estimate_for_ordinary_keys(env: Env) -> None:
     assert not env.vllm.requests() or last_request(env.vllm)["path"] != "/v1/messages/count_tokens"
 
 
+def test_count_tokens_goes_to_a_native_backend_untouched(env: Env) -> None:
+    """Claude Code's count_tokens calls: an Anthropic backend counts them itself, from the body as sent."""
+    before = env.settled()
+    body = orjson.dumps(
+        {
+            "model": "claude",
+            "messages": [{"role": "user", "content": "one two three"}, {"role": "system", "content": "four"}],
+            "tools": [{"name": "t", "input_schema": {"type": "object"}, "defer_loading": True}],
+        }
+    )
+    r = httpx.post(
+        env.gw.url + "/v1/messages/count_tokens?beta=true",
+        content=body,
+        headers={"x-api-key": env.key, "anthropic-beta": "token-counting-2024-11-01"},
+    )
+    assert (r.status_code, r.json()) == (200, {"input_tokens": 4})  # the mock counts words
+    sent = last_request(env.claude)
+    assert (sent["path"], sent["query"]) == ("/v1/messages/count_tokens", "beta=true")
+    assert sent["body"] == body.replace(b'"claude"', b'"upstream-claude"')
+    assert sent["headers"]["anthropic-beta"] == "token-counting-2024-11-01"
+    assert sent["headers"]["x-api-key"] == "sk-ant-upstream"
+    time.sleep(0.3)
+    assert env.settled() == before  # no usage record, nothing reserved
+
+
 # -- the openai SDK against Anthropic- and Gemini-speaking backends ----------------------------------------
 
 
