@@ -1,8 +1,8 @@
 """The real Claude Code CLI (npm, pinned in .agents/, installed by scripts/agents.sh) runs ``claude -p``
 through the gateway, tools on as it ships, against the mock engine behind both kinds of backend: one
 that speaks OpenAI (the request is translated) and one that speaks Anthropic (relayed untouched). Its
-model names reach the right backend through pattern aliases. Skipped when the CLI is not installed,
-unless ``GATEWAY_TEST_STRICT=1`` (``make test``), where that is a failure."""
+model names reach the right backend through pattern aliases. The CLI's tests are skipped when it is not
+installed, unless ``GATEWAY_TEST_STRICT=1`` (``make test``), where that is a failure."""
 
 from __future__ import annotations
 
@@ -108,19 +108,24 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    e = Env(tmp_path_factory.mktemp("agents"))
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def claude_code() -> None:
     if not CLAUDE.exists():
         if os.environ.get("GATEWAY_TEST_STRICT") == "1":
             pytest.fail(f"Claude Code is not installed at {CLAUDE}: run scripts/agents.sh")
         pytest.skip("Claude Code is not installed (scripts/agents.sh installs it)")
-    e = Env(tmp_path_factory.mktemp("agents"))
-    yield e
-    e.stop()
 
 
 def bodies(engine: MockEngine, path: str) -> list[dict[str, Any]]:
     return [orjson.loads(r["body"]) for r in engine.requests() if r["path"] == path]
 
 
+@pytest.mark.usefixtures("claude_code")
 def test_claude_code_through_a_translated_openai_backend(env: Env) -> None:
     env.vllm.reset()
     before = len(env.records())
@@ -145,6 +150,7 @@ def test_claude_code_through_a_translated_openai_backend(env: Env) -> None:
     assert all(r.status == 200 and r.usage_source == "reported" for r in recs)
 
 
+@pytest.mark.usefixtures("claude_code")
 def test_claude_code_through_a_native_anthropic_backend(env: Env) -> None:
     env.claude.reset()
     env.vllm.reset()
@@ -171,11 +177,25 @@ def test_claude_code_through_a_native_anthropic_backend(env: Env) -> None:
     assert not env.vllm.requests()  # claude-sonnet-* won over claude-*
 
 
-def test_the_sdk_reads_the_request_id(env: Env) -> None:
+@pytest.mark.parametrize(
+    ("model", "backend"), [("claude-haiku-4-5", "vllm"), ("claude-sonnet-4-5-20250929", "claude")]
+)
+def test_the_sdk_through_pattern_aliases_reads_the_request_id(env: Env, model: str, backend: str) -> None:
+    """The official SDK, no CLI needed: a name only a pattern matches reaches its backend, and the answer
+    carries the id where the SDK reads it."""
+    engine = env.vllm if backend == "vllm" else env.claude
+    engine.reset()
     client = anthropic.Anthropic(base_url=env.gw.url, api_key=env.key, max_retries=0)
     raw = client.messages.with_raw_response.create(
-        model="claude-haiku-4-5", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+        model=model, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
     )
     message = raw.parse()
+    assert message.content[0].type == "text"
+    # A translated answer names the model called; a relayed one is the backend's, bytes untouched.
+    assert message.model == (model if backend == "vllm" else "mock-model")
     assert raw.headers["request-id"] == raw.headers["x-request-id"]
     assert message._request_id == raw.headers["request-id"]
+    assert len(engine.requests()) == 1
+    with pytest.raises(anthropic.NotFoundError) as exc:
+        client.messages.create(model="gpt-4o", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert exc.value.body["error"] == {"type": "not_found_error", "message": "model: gpt-4o"}
