@@ -8,7 +8,7 @@ PORT   ?= 8080
 MOCK_PORT ?= 8001
 ADMIN_PORT ?= 8081
 
-.PHONY: run test venv native lint typecheck unit bench profile-native clean system-deps
+.PHONY: run test venv native lint typecheck unit bench profile-native clean system-deps agents
 
 $(STAMP): pyproject.toml setup.py native/*.c native/*.h native/_ffi_build.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ native: $(STAMP)
 system-deps:
 	@./scripts/system-deps.sh test
 
+# The coding-agent CLIs (Claude Code, Codex CLI) the suite drives, pinned in .agents/, installed there.
+agents: system-deps
+	@./scripts/agents.sh
+
 run: venv
 	./scripts/run-demo.sh $(PORT) $(MOCK_PORT) $(DATA) $(ADMIN_PORT)
 
@@ -36,7 +40,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv system-deps lint typecheck
+test: venv system-deps agents lint typecheck
 	./scripts/run-tests.sh
 
 bench: venv

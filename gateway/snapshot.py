@@ -26,6 +26,8 @@ Document schema (``schema`` = 1)::
       "pools": {"llama": {"policy": "prefix_affinity", "prefix_bytes": 512, "max_inflight": null,
                           "targets": [["llama-8b", "vllm-a", "meta-llama/...", 1], ...]}},  # weight last
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
+      "alias_patterns": {"claude-*": {"canonical": "chat", "kind": "frontend", "targets": [...]}},
+                                         # optional: pattern aliases, routes like the others, in config order
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
 
@@ -53,6 +55,7 @@ from typing import Any
 import orjson
 
 from gateway.budget import Budget, Price
+from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
 from gateway.routing.plan import Decision, Pool, compile_pools, compile_rules, decide
 from gateway.routing.rules import Facts, Rule
@@ -204,10 +207,19 @@ class Snapshot:
     skipped: int
     pools: dict[str, Pool] = field(default_factory=dict)
     fallback: str | None = None  # the deployment-wide fallback model, when every target is down
+    # Aliases such as ``claude-*``: tried when no route has the exact name (gateway.routing.aliases).
+    patterns: PatternAliases[Route] = field(default_factory=PatternAliases)
 
     @classmethod
     def empty(cls) -> Snapshot:
         return cls(0, 0.0, 0, {}, {}, {}, {}, 0)
+
+    def route(self, name: str) -> Route | None:
+        """The route a client's model name calls: its exact name, else the first pattern alias matching."""
+        route = self.routes.get(name)
+        if route is None and self.patterns:
+            route = self.patterns.match(name)
+        return route
 
     def decide(self, route: Route, facts: Facts | None, load: Load) -> Decision:
         """Where a request for ``route`` goes (``gateway.routing.plan.decide``)."""
@@ -223,21 +235,10 @@ class Snapshot:
             raise ValueError(f"unsupported snapshot schema {doc.get('schema')!r}")
         backends = decode_backends(doc)
         pools = compile_pools(doc.get("pools") or {}, backends)
-        routes: dict[str, Route] = {}
-        for name, r in doc.get("routes", {}).items():
-            targets = tuple(
-                Target(provider_model=pm, backend=backends[be], upstream_model=um)
-                for pm, be, um in r["targets"]
-                if be in backends
-            )
-            routes[name] = Route(
-                name=name,
-                canonical=r.get("canonical", name),
-                kind=r.get("kind", "frontend"),
-                targets=targets,
-                price=Price.from_doc(r.get("price")),
-                rules=compile_rules(r.get("rules") or [], backends, pools),
-            )
+        routes = {name: _route(name, r, backends, pools) for name, r in doc.get("routes", {}).items()}
+        patterns = PatternAliases(
+            [(n, _route(n, r, backends, pools)) for n, r in (doc.get("alias_patterns") or {}).items()]
+        )
         principals = {
             pid: Principal(
                 id=pid,
@@ -279,4 +280,21 @@ class Snapshot:
             skipped=int(doc.get("skipped", 0)),
             pools=pools,
             fallback=doc.get("fallback"),
+            patterns=patterns,
         )
+
+
+def _route(name: str, r: dict[str, Any], backends: dict[str, Backend], pools: dict[str, Pool]) -> Route:
+    targets = tuple(
+        Target(provider_model=pm, backend=backends[be], upstream_model=um)
+        for pm, be, um in r["targets"]
+        if be in backends
+    )
+    return Route(
+        name=name,
+        canonical=r.get("canonical", name),
+        kind=r.get("kind", "frontend"),
+        targets=targets,
+        price=Price.from_doc(r.get("price")),
+        rules=compile_rules(r.get("rules") or [], backends, pools),
+    )

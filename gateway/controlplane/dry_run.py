@@ -54,7 +54,7 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise BadRequest("headers must be an object of strings", param="headers")
     principal = _principal(snapshot, request.get("principal"))
-    route = snapshot.routes.get(info.model)
+    route = snapshot.route(info.model)
     if route is None:
         raise NotFound(f"The model `{info.model}` does not exist", param="model")
     facts = Facts(
@@ -69,7 +69,7 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
     decision = snapshot.decide(route, facts, load)
     return {
         "called": info.model,
-        "allowed": principal.may_use(info.model),
+        "allowed": principal.may_use(route.name),
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
     }

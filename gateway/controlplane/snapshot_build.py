@@ -8,8 +8,10 @@ on ``gateway.snapshot`` (the first ``MAX_LOGGED`` of them individually, then one
 Authorisation is by the name the caller used. A permission ``model/PATTERN`` (``fnmatch`` rules, case
 sensitive) grants every route whose name matches; a matched frontend model or alias counts as the
 frontend model it names, so it grants the model and all of its aliases. ``model/*`` also sets
-``allow_all``. Other permissions (``usage:read``, ``key:create``, ...) do not concern routing; they are
-listed in the principal's ``"permissions"`` for the admin API.
+``allow_all``. An alias with ``*``, ``?`` or ``[`` is a pattern (``gateway.routing.aliases``): it goes
+into ``"alias_patterns"`` rather than ``"routes"``, longest pattern first, and a name it matches is
+authorised, priced and routed as that alias. Other permissions (``usage:read``, ``key:create``, ...) do
+not concern routing; they are listed in the principal's ``"permissions"`` for the admin API.
 Keys already expired at build time are left out (not counted as skipped); the data plane still checks
 ``expires_at`` for keys that expire later.
 
@@ -45,6 +47,7 @@ from gateway.controlplane.configfile import (
 )
 from gateway.controlplane.routing_config import RoutingRows, routing_from_rows, rule_when_doc
 from gateway.controlplane.store import Store, StoreState
+from gateway.routing.aliases import is_pattern
 from gateway.snapshot import SCHEMA
 
 __all__ = ["MAX_LOGGED", "build_doc", "build_snapshot_doc"]
@@ -120,6 +123,11 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     pools = _pools(routing, routes, skip)
     _rules(routing, routes, pools, skip)
     principals = _principals(state, routes, aliases_of, skip)
+    # Pattern aliases were routes like the others until now (rules, prices and grants reach them the same
+    # way); the data plane tries them only when no route has the exact name, most specific first: the
+    # longest pattern, then by name (the store keeps no config order).
+    named = sorted((a for names in aliases_of.values() for a in names if is_pattern(a)), key=_specific)
+    patterns = {a: routes.pop(a) for a in named}
     keys = _keys(state, principals, now, skip)
     skip.summarise(state.revision)
     doc = {
@@ -133,6 +141,8 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
         "pools": pools,
         "skipped": skip.count,
     }
+    if patterns:
+        doc["alias_patterns"] = patterns
     if routing.fallback is not None:
         if routing.fallback in routes:
             doc["fallback"] = routing.fallback
@@ -140,6 +150,10 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
             skip("routing fallback", f"unknown or unusable model {routing.fallback!r}")
             doc["skipped"] = skip.count
     return doc
+
+
+def _specific(pattern: str) -> tuple[int, str]:
+    return -len(pattern), pattern
 
 
 def _backends(state: StoreState, routing: RoutingRows, skip: _Skips) -> dict[str, dict[str, Any]]:

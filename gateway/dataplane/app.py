@@ -38,11 +38,7 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import hash_secret
-from gateway.protocol.anthropic import (
-    estimate_input_tokens,
-    parse_count_tokens_request,
-    parse_messages_request,
-)
+from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
@@ -233,12 +229,21 @@ class ProxyApp:
         out = self.outgoing(scope, path, body)
         info = out.info
         assert info is not None
-        route = snap.routes.get(info.model)
+        route = snap.route(info.model)
         if route is None:
-            raise NotFound(f"The model `{info.model}` does not exist", param="model")
-        if not key.principal.may_use(info.model):
+            # Each API's own wording: Anthropic's clients match on "model: NAME" with not_found_error.
+            missing = f"model: {info.model}" if out.dialect == "anthropic" else None
+            raise NotFound(missing or f"The model `{info.model}` does not exist", param="model")
+        # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
+        if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
         if path == _COUNT_TOKENS:
+            # An Anthropic backend counts for itself, exactly (and reads what it wants of the body); for a
+            # route without one the gateway answers its estimate. Neither is rate-limited nor recorded.
+            native = tuple(t for t in route.targets if t.backend.protocol == "anthropic")
+            if native:
+                await self.run_guarded(proto, self.forwarder_or_fail().forward(proto, out, native))
+                return
             assert out.messages is not None
             proto.response_bytes(
                 200, _JSON, orjson.dumps({"input_tokens": estimate_input_tokens(out.messages)})
@@ -271,14 +276,19 @@ class ProxyApp:
             await self.run_guarded(proto, forwarder.forward(proto, out, targets))
             return
         exchange.tag = decision.tag
-        if (
+        if out.dialect == "anthropic" and exchange.request_id:
+            # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
+            exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
+        injected = (
             info.stream
             and not info.stream_options
             and path in _STREAM_USAGE_PATHS
             and self.settings.inject_stream_usage
-        ):
+        )
+        if injected:
             out.body = inject_stream_usage(body)
         tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
+        tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
             attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))
@@ -309,7 +319,8 @@ class ProxyApp:
         if path in (_MESSAGES, _COUNT_TOKENS):
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
-            req = parse_messages_request(body) if path == _MESSAGES else parse_count_tokens_request(body)
+            # Only what the gateway reads is checked here; the rest is the backend's, or the translator's.
+            req = read_messages_head(body, count_tokens=path == _COUNT_TOKENS)
             info = RequestInfo(req.model, req.stream, False, req.max_tokens or None, None, user=req.user_id)
             return Outgoing(
                 "anthropic",

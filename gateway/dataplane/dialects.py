@@ -25,7 +25,7 @@ from typing import Protocol
 
 from gateway.native import Usage, model_span, parse_usage
 from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini
-from gateway.protocol.anthropic import MessagesRequest, estimate_input_tokens
+from gateway.protocol.anthropic import MessagesHead, estimate_input_tokens, parse_messages_doc
 from gateway.protocol.anthropic_usage import AnthropicUsageMeter
 from gateway.protocol.openai_request import RequestInfo, splice_model
 from gateway.snapshot import Target
@@ -172,7 +172,9 @@ class Outgoing:
     headers: list[tuple[str, str]]  # the client's, its credentials and hop-by-hop headers dropped
     body: bytes
     info: RequestInfo | None
-    messages: MessagesRequest | None = None  # the parsed Anthropic request
+    # An Anthropic request as the gateway read it (``read_messages_head``): the whole shape is checked only
+    # when a target needs it translated, so a verbatim relay never refuses what its backend accepts.
+    messages: MessagesHead | None = None
     default_max_tokens: int = 4096
     anthropic_version: str = ANTHROPIC_VERSION
 
@@ -221,8 +223,8 @@ class Outgoing:
         return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
 
     def _anthropic_to_openai(self, target: Target) -> Upstream:
-        req = self.messages
-        assert req is not None
+        assert self.messages is not None
+        req = parse_messages_doc(self.messages.doc)
         estimate = estimate_input_tokens(req)
         body = anthropic_openai.request_to_openai(req, target.upstream_model)
         translation = _Translated(
@@ -234,8 +236,8 @@ class Outgoing:
         return Upstream(_CHAT, self._bearer(target, [_JSON]), body, translation)
 
     def _anthropic_to_gemini(self, target: Target) -> Upstream:
-        req = self.messages
-        assert req is not None
+        assert self.messages is not None
+        req = parse_messages_doc(self.messages.doc)
         estimate = estimate_input_tokens(req)
         suffix, body = openai_gemini.request_to_gemini(
             anthropic_openai.request_to_openai(req, target.upstream_model)

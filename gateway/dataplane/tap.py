@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import TailBuffer, Usage, parse_usage
 
 __all__ = ["ResponseTap"]
@@ -23,7 +24,17 @@ TAIL_BYTES = 4096
 
 
 class ResponseTap:
-    __slots__ = ("_proto", "extra_headers", "meter", "on_end", "started", "status", "tail", "whole")
+    __slots__ = (
+        "_proto",
+        "extra_headers",
+        "meter",
+        "on_end",
+        "started",
+        "status",
+        "tail",
+        "whole",
+        "withhold_usage",
+    )
 
     def __init__(
         self,
@@ -45,6 +56,9 @@ class ResponseTap:
         self.tail: TailBuffer | None = None
         # A translated or Anthropic answer: the forwarder's translation reads usage instead of the tail.
         self.meter: Any = None
+        # The gateway asked for this stream's usage, the client did not: what the engine added for it is
+        # taken out of what the client gets (``usage_withhold``), after the tail has seen it.
+        self.withhold_usage = False
 
     def __call__(self) -> Any:
         return self._proto()
@@ -75,6 +89,8 @@ class ResponseTap:
         if self.meter is not None:
             return transport
         self.tail = TailBuffer(TAIL_BYTES)
+        if self.withhold_usage:
+            transport = WithheldUsage(transport)
         return _TapTransport(transport, self.tail, self)
 
     def usage(self) -> Usage | None:

@@ -5,8 +5,8 @@
 with the gateway's own ``parse_messages_request``, so a translator that emits a malformed body fails here.
 
 As in the OpenAI mock (``responses``): the text is ``tok tok …``; prompt tokens are the words of the
-system prompt and of the text blocks; a tool is called whenever the request has tools and its
-``tool_choice`` is not ``none`` (the named tool, else the first), with input ``{}``. ``cache_read`` of
+system prompt and of the text blocks; tools are called as ``agent`` says (a call while the conversation
+waits for one, a text answer once the last turn carries a tool result). ``cache_read`` of
 the prompt tokens (at most all of them) are reported as ``cache_read_input_tokens`` and the rest as
 ``input_tokens``, so input + cache read is the prompt, as in the OpenAI mock's ``prompt_tokens``. A stream
 reports input and cache tokens in ``message_start`` and only ``output_tokens`` in ``message_delta``, the
@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest
+from gateway.mockengine.agent import arguments_for, choose_tool
 from gateway.mockengine.responses import JSON_HEADERS, MockRequestError, Reply, StreamReply, count_words
 from gateway.protocol.anthropic import MessagesRequest, anthropic_error_body, parse_messages_request
 from gateway.protocol.sse import encode_event
@@ -60,15 +61,27 @@ def _prompt(req: MessagesRequest) -> int:
     return max(1, words)
 
 
-def _tool(req: MessagesRequest) -> str | None:
-    if not req.tools:
-        return None
+def _tool(req: MessagesRequest) -> tuple[str, dict[str, Any]] | None:
+    """The tool call to answer with (name, input), or None for a text answer."""
+    custom = [
+        (t["name"], t.get("input_schema")) for t in req.tools or () if t.get("type") in (None, "custom")
+    ]
     choice = req.tool_choice or {}
-    if choice.get("type") == "none":
+    kind = choice.get("type", "auto")
+    if not custom or kind == "none":
         return None
-    if choice.get("type") == "tool":
-        return str(choice["name"])
-    return str(req.tools[0]["name"])
+    if kind == "tool":
+        schema = next((s for n, s in custom if n == choice["name"]), None)
+        return str(choice["name"]), arguments_for(schema)
+    if kind == "auto" and _answered(req):
+        return None  # the tool's result is in: time to say something
+    return choose_tool(custom)
+
+
+def _answered(req: MessagesRequest) -> bool:
+    """The last turn hands back a tool result."""
+    last = req.messages[-1]
+    return not isinstance(last.content, str) and any(b.get("type") == "tool_result" for b in last.content)
 
 
 def count_tokens(body: bytes) -> Reply:
@@ -95,7 +108,7 @@ def messages(body: bytes, model: str, tokens: int, rid: str, cache_read: int) ->
     if tool is None:
         content: list[dict[str, Any]] = [{"type": "text", "text": " ".join(["tok"] * n)}]
     else:
-        content = [{"type": "tool_use", "id": call_id, "name": tool, "input": {}}]
+        content = [{"type": "tool_use", "id": call_id, "name": tool[0], "input": tool[1]}]
         stop = "tool_use"
     answer = {
         "id": rid,
@@ -115,7 +128,13 @@ def _event(obj: Mapping[str, Any]) -> bytes:
 
 
 def _events(
-    model: str, n: int, stop: str, usage: dict[str, Any], tool: str | None, rid: str, call_id: str
+    model: str,
+    n: int,
+    stop: str,
+    usage: dict[str, Any],
+    tool: tuple[str, dict[str, Any]] | None,
+    rid: str,
+    call_id: str,
 ) -> list[bytes]:
     message: dict[str, Any] = {
         "id": rid,
@@ -132,8 +151,11 @@ def _events(
         block: dict[str, Any] = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": "tok" if i == 0 else " tok"} for i in range(n)]
     else:
-        block = {"type": "tool_use", "id": call_id, "name": tool, "input": {}}
-        deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in ("", "{", "}")]
+        block = {"type": "tool_use", "id": call_id, "name": tool[0], "input": {}}
+        arguments = orjson.dumps(tool[1]).decode()
+        # As Anthropic streams them: an empty fragment first, then the JSON in pieces.
+        pieces = ("", arguments[:1], arguments[1:])
+        deltas = [{"type": "input_json_delta", "partial_json": piece} for piece in pieces]
         stop = "tool_use"
     out.append(_event({"type": "content_block_start", "index": 0, "content_block": block}))
     out.append(_event({"type": "ping"}))

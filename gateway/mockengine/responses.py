@@ -1,8 +1,9 @@
 """The bodies a vLLM server would send, built from parsed requests. Sans-I/O: takes values, returns bytes.
 
 Shapes follow vLLM's OpenAI-compatible server closely enough for the official ``openai`` SDK to parse
-them: chat and text completions (whole or as SSE chunk lists, with tool calls and the include_usage
-chunk), embeddings (float or base64), the model list, transcriptions, Prometheus metrics and errors.
+them: chat and text completions (whole or as SSE chunk lists, with tool calls as ``agent`` picks them
+and the include_usage chunk), embeddings (float or base64), the model list, transcriptions, Prometheus
+metrics and errors.
 Generated text is always ``tok tok …``; prompt token counts are whitespace-separated words, so tests can
 predict every number.
 """
@@ -18,6 +19,8 @@ from functools import lru_cache
 from typing import Any
 
 import orjson
+
+from gateway.mockengine.agent import arguments_for, choose_tool
 
 __all__ = [
     "DONE",
@@ -131,23 +134,30 @@ def _include_usage(req: Mapping[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _tool_to_call(req: Mapping[str, Any]) -> str | None:
-    """Name of the function to call, or None for a plain text answer."""
+def _tool_to_call(req: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The function to call and its arguments (see ``agent``), or None for a plain text answer."""
     tools = req.get("tools")
-    choice = req.get("tool_choice")
+    choice = req.get("tool_choice", "auto")
     if not tools or choice == "none":
         return None
     if not isinstance(tools, list):
         raise MockRequestError(400, "tools must be a list")
+    functions: list[tuple[str, Mapping[str, Any] | None]] = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise MockRequestError(400, f"tools[{i}].function.name is required")
+        functions.append((function["name"], function.get("parameters")))
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if isinstance(name, str):
-            return name
-    first = tools[0]
-    name = first.get("function", {}).get("name") if isinstance(first, dict) else None
-    if not isinstance(name, str):
-        raise MockRequestError(400, "tools[0].function.name is required")
-    return name
+            schema = next((s for n, s in functions if n == name), None)
+            return name, arguments_for(schema)
+    messages = req.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if choice != "required" and isinstance(last, dict) and last.get("role") in ("tool", "function"):
+        return None  # the tool's result is in: time to say something
+    return choose_tool(functions)
 
 
 def _call_id(rid: str) -> str:
@@ -169,7 +179,7 @@ def chat_completion(
     if tool is None:
         message: dict[str, Any] = {"role": "assistant", "content": _text(n), "tool_calls": []}
     else:
-        function = {"name": tool, "arguments": "{}"}
+        function = {"name": tool[0], "arguments": orjson.dumps(tool[1]).decode()}
         call = {"id": _call_id(rid), "type": "function", "function": function}
         message = {"role": "assistant", "content": None, "tool_calls": [call]}
         finish = "tool_calls"
@@ -188,7 +198,14 @@ def chat_completion(
 
 
 def _chat_chunks(
-    model: str, n: int, finish: str, prompt: int, tool: str | None, usage: bool, rid: str, created: int
+    model: str,
+    n: int,
+    finish: str,
+    prompt: int,
+    tool: tuple[str, dict[str, Any]] | None,
+    usage: bool,
+    rid: str,
+    created: int,
 ) -> list[bytes]:
     head: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -201,8 +218,9 @@ def _chat_chunks(
     else:
         # vLLM announces the call with its name, then streams the arguments in pieces.
         start = {"index": 0, "id": _call_id(rid), "type": "function"}
-        out.append(chunk({"tool_calls": [{**start, "function": {"name": tool, "arguments": ""}}]}))
-        for piece in ("{", "}"):
+        out.append(chunk({"tool_calls": [{**start, "function": {"name": tool[0], "arguments": ""}}]}))
+        arguments = orjson.dumps(tool[1]).decode()
+        for piece in (arguments[:1], arguments[1:]):
             out.append(chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}))
         finish = "tool_calls"
     out.append(chunk({}, finish))

@@ -1,11 +1,24 @@
 """The Anthropic Messages API: the request model, a token estimate, and the error envelope. Sans-I/O.
 
-``parse_messages_request`` checks the shape of a ``POST /v1/messages`` body and returns a
-``MessagesRequest``; every problem raises ``BadRequest`` whose ``param`` is the path of the bad field, in
-Anthropic's dotted style (``messages.2.content.0.type``), so an Anthropic client gets an
-``invalid_request_error`` that names it.
+Two depths of checking, because a request relayed verbatim to an Anthropic backend must not be refused
+for what only that backend reads:
 
-What is checked: the fields the gateway or a translator reads. Content blocks of the types translators
+- ``read_messages_head`` is what every ``POST /v1/messages`` (and count_tokens) body goes through on the
+  request path: a JSON object, ``model``, ``max_tokens``, ``stream`` and ``metadata.user_id``, the fields
+  the gateway itself routes, admits and meters by. Everything else (roles, content blocks, unknown
+  fields) is left to the backend that reads it.
+- ``parse_messages_request`` (or ``parse_messages_doc`` on the head's document) checks the whole shape and
+  returns a ``MessagesRequest``, for the translators: only a request that is about to be translated for an
+  OpenAI or Gemini backend goes through it.
+
+Every problem raises ``BadRequest`` whose ``param`` is the path of the bad field, in Anthropic's dotted
+style (``messages.2.content.0.type``), so an Anthropic client gets an ``invalid_request_error`` that
+names it; the head's messages use the API's own wording (``max_tokens: Field required``), which clients
+match on.
+
+What the full parse checks: the fields the gateway or a translator reads. A ``system`` message inside
+``messages`` (Claude Code sends one for model names it does not know) is a message like the others, its
+content text. Content blocks of the types translators
 know (text, image, tool_use, tool_result, thinking, redacted_thinking, document, search_result) are
 checked field by field; blocks of other types need only a string ``type`` and are kept as they are, so a
 verbatim passthrough to an Anthropic backend does not lag behind the API, while a translator refuses
@@ -29,19 +42,22 @@ __all__ = [
     "IMAGE_TOKENS",
     "BadUpstreamResponse",
     "Message",
+    "MessagesHead",
     "MessagesRequest",
     "anthropic_error_body",
     "anthropic_error_type",
     "count_tokens_estimate",
     "estimate_input_tokens",
     "parse_count_tokens_request",
+    "parse_messages_doc",
     "parse_messages_request",
+    "read_messages_head",
 ]
 
 IMAGE_TOKENS: Final = 1600
 """Estimated tokens per image or document block: Anthropic's figure for a full-size (1092x1092) image."""
 
-_ROLES: Final = ("user", "assistant")
+_ROLES: Final = ("user", "assistant", "system")
 _TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
 _MEDIA_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
@@ -58,7 +74,7 @@ class BadUpstreamResponse(GatewayError):
 @dataclass(frozen=True, slots=True)
 class Message:
     role: str
-    """``user`` or ``assistant``."""
+    """``user``, ``assistant`` or ``system`` (a system turn inside the conversation)."""
     content: str | tuple[dict[str, Any], ...]
     """The string as sent, or the checked content blocks as JSON objects."""
 
@@ -82,48 +98,90 @@ class MessagesRequest:
     thinking: dict[str, Any] | None = None
 
 
-def parse_messages_request(body: bytes) -> MessagesRequest:
-    return _parse(body, count_tokens=False)
+@dataclass(frozen=True, slots=True)
+class MessagesHead:
+    """What the gateway itself reads of a Messages body; ``doc`` is the whole decoded body."""
+
+    model: str
+    max_tokens: int
+    """0 only for a count_tokens body, which has no max_tokens."""
+    stream: bool
+    user_id: str | None
+    doc: dict[str, Any]
 
 
-def _parse(body: bytes, *, count_tokens: bool) -> MessagesRequest:
+def read_messages_head(body: bytes, *, count_tokens: bool = False) -> MessagesHead:
+    """The fields the gateway routes, admits and meters by, checked; nothing else is looked at."""
+    return _check_head(_decode(body), count_tokens)
+
+
+def _check_head(doc: dict[str, Any], count_tokens: bool) -> MessagesHead:
+    model = doc.get("model")
+    if model is None:
+        raise BadRequest("model: Field required", param="model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("model: Input should be a non-empty string", param="model")
+    max_tokens = 0
+    if not count_tokens:
+        value = doc.get("max_tokens")
+        if value is None:
+            raise BadRequest("max_tokens: Field required", param="max_tokens")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadRequest("max_tokens: Input should be a valid integer", param="max_tokens")
+        if value < 1:
+            raise BadRequest("max_tokens: Input should be greater than or equal to 1", param="max_tokens")
+        max_tokens = value
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("stream: Input should be a valid boolean", param="stream")
+    return MessagesHead(model, max_tokens, stream is True, _user_id(doc.get("metadata")), doc)
+
+
+def _decode(body: bytes) -> dict[str, Any]:
     try:
         doc: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise BadRequest("model: a non-empty string is required", param="model")
-    max_tokens = 0
-    if not count_tokens:
-        max_tokens = _integer(doc.get("max_tokens"), "max_tokens", low=1, required=True) or 0
+    return doc
+
+
+def _user_id(metadata: Any) -> str | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise BadRequest("metadata: Input should be a valid dictionary", param="metadata")
+    user_id = metadata.get("user_id")
+    if user_id is not None and not isinstance(user_id, str):
+        raise BadRequest("metadata.user_id: Input should be a valid string", param="metadata.user_id")
+    return user_id
+
+
+def parse_messages_request(body: bytes) -> MessagesRequest:
+    return parse_messages_doc(_decode(body))
+
+
+def parse_messages_doc(doc: dict[str, Any], *, count_tokens: bool = False) -> MessagesRequest:
+    """The whole request checked, from its decoded body (``MessagesHead.doc``): what a translator needs."""
+    head = _check_head(doc, count_tokens)
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: a non-empty list of messages is required", param="messages")
     parsed = tuple(_message(m, i, i == len(messages) - 1) for i, m in enumerate(messages))
-    metadata = doc.get("metadata")
-    user_id = None
-    if metadata is not None:
-        if not isinstance(metadata, dict):
-            raise BadRequest("metadata: expected an object", param="metadata")
-        user_id = metadata.get("user_id")
-        if user_id is not None and not isinstance(user_id, str):
-            raise BadRequest("metadata.user_id: expected a string", param="metadata.user_id")
     return MessagesRequest(
-        model=model,
-        max_tokens=max_tokens,
+        model=head.model,
+        max_tokens=head.max_tokens,
         messages=parsed,
         system=_system(doc.get("system")),
         stop_sequences=_stop_sequences(doc.get("stop_sequences")),
         temperature=_number(doc.get("temperature"), "temperature", 0.0, 1.0),
         top_p=_number(doc.get("top_p"), "top_p", 0.0, 1.0),
         top_k=_integer(doc.get("top_k"), "top_k", low=0),
-        stream=_boolean(doc.get("stream"), "stream"),
+        stream=head.stream,
         tools=_tools(doc.get("tools")),
         tool_choice=_tool_choice(doc.get("tool_choice")),
-        user_id=user_id,
+        user_id=head.user_id,
         thinking=_thinking(doc.get("thinking")),
     )
 
@@ -174,7 +232,9 @@ def _message(value: Any, i: int, last: bool) -> Message:
     m = _object(value, path)
     role = m.get("role")
     if role not in _ROLES:
-        raise BadRequest(f"{path}.role: expected 'user' or 'assistant'", param=f"{path}.role")
+        raise BadRequest(
+            f"{path}.role: Input should be 'user', 'assistant' or 'system'", param=f"{path}.role"
+        )
     content = m.get("content")
     if isinstance(content, str):
         blocks: str | tuple[dict[str, Any], ...] = content
@@ -322,14 +382,26 @@ def _thinking(value: Any) -> dict[str, Any] | None:
     return thinking
 
 
-def estimate_input_tokens(req: MessagesRequest) -> int:
-    """The estimate ``count_tokens_estimate`` documents, for a request already parsed."""
+def estimate_input_tokens(req: MessagesRequest | MessagesHead) -> int:
+    """The estimate ``count_tokens_estimate`` documents, for a request already parsed or only read (its
+    head: then whatever the body holds is counted as far as it has the known shapes, never refused)."""
     counts = [0, 0]  # characters, media blocks
-    _count(req.system, counts)
-    for m in req.messages:
-        _count(m.content, counts)
+    if isinstance(req, MessagesHead):
+        doc = req.doc
+        _count(doc.get("system"), counts)
+        messages = doc.get("messages")
+        for m in messages if isinstance(messages, list) else ():
+            if isinstance(m, dict):
+                _count(m.get("content"), counts)
+        tools = doc.get("tools")
+        tools = tools if isinstance(tools, list) else ()
+    else:
+        _count(req.system, counts)
+        for m in req.messages:
+            _count(m.content, counts)
+        tools = req.tools or ()
     chars, media = counts
-    for tool in req.tools or ():
+    for tool in tools:
         chars += len(orjson.dumps(tool))
     return max(1, math.ceil(chars / 4) + media * IMAGE_TOKENS)
 
@@ -348,18 +420,22 @@ def _count(value: Any, counts: list[int]) -> None:
         if kind in ("image", "document"):
             counts[1] += 1
         elif kind == "text":
-            counts[0] += len(value.get("text", ""))
+            counts[0] += _length(value.get("text"))
         elif kind == "tool_use":
-            counts[0] += len(value.get("name", "")) + len(orjson.dumps(value.get("input")))
+            counts[0] += _length(value.get("name")) + len(orjson.dumps(value.get("input")))
         elif kind == "tool_result":
             _count(value.get("content"), counts)
         elif kind == "thinking":
-            counts[0] += len(value.get("thinking", ""))
+            counts[0] += _length(value.get("thinking"))
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, str) else 0
 
 
 def parse_count_tokens_request(body: bytes) -> MessagesRequest:
     """A ``count_tokens`` body, checked like a Messages request except that it has no ``max_tokens``."""
-    return _parse(body, count_tokens=True)
+    return parse_messages_doc(_decode(body), count_tokens=True)
 
 
 def count_tokens_estimate(body: bytes) -> int:
@@ -368,9 +444,9 @@ def count_tokens_estimate(body: bytes) -> int:
     The rule: ``ceil(characters / 4)`` over the system prompt, every text block (and string content),
     tool_use names and JSON inputs, tool_result text, thinking text and the whole JSON of every tool
     definition, plus ``IMAGE_TOKENS`` (1600) per image or document block, and at least 1. Backends
-    tokenise differently; this is neither an upper nor a lower bound. The body is checked like a Messages
-    request except that ``max_tokens`` is not required (count_tokens bodies have none)."""
-    return estimate_input_tokens(_parse(body, count_tokens=True))
+    tokenise differently; this is neither an upper nor a lower bound. Only the head is checked (``model``;
+    count_tokens bodies have no ``max_tokens``): content of shapes the rule does not know counts nothing."""
+    return estimate_input_tokens(read_messages_head(body, count_tokens=True))
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:

@@ -7,8 +7,10 @@ rewraps an upstream error body.
 
 The mapping, where it is not one to one:
 
-- ``system`` blocks are joined with ``\\n`` into one system message; several text blocks in a user turn
-  become text parts, one text block a plain string; assistant text blocks are concatenated.
+- ``system`` blocks are joined with ``\\n`` into one system message, and so are the text blocks of a
+  ``system`` message inside ``messages`` (kept in its place, as Claude Code sends it); several text
+  blocks in a user turn become text parts, one text block a plain string; assistant text blocks are
+  concatenated.
 - ``tool_result`` blocks become ``role: tool`` messages placed before the rest of their user turn (OpenAI
   wants them right after the assistant's tool calls). Their text blocks are joined with ``\\n``; an error
   result (``is_error: true``) is prefixed ``"Error: "``, the only way to tell the model. Images inside a
@@ -68,6 +70,8 @@ def request_to_openai(req: MessagesRequest, upstream_model: str) -> bytes:
     for i, m in enumerate(req.messages):
         if m.role == "user":
             messages.extend(_user(m, i))
+        elif m.role == "system":
+            messages.append(_system_turn(m, i))
         else:
             messages.append(_assistant(m, i))
     out: dict[str, Any] = {"model": upstream_model, "messages": messages, "max_tokens": req.max_tokens}
@@ -98,6 +102,18 @@ def request_to_openai(req: MessagesRequest, upstream_model: str) -> bytes:
         out["stream"] = True
         out["stream_options"] = {"include_usage": True}
     return orjson.dumps(out)
+
+
+def _system_turn(m: Message, i: int) -> dict[str, Any]:
+    """A system message inside the conversation stays where it is, as an OpenAI system message."""
+    if isinstance(m.content, str):
+        return {"role": "system", "content": m.content}
+    texts = []
+    for j, block in enumerate(m.content):
+        if block["type"] != "text":
+            raise _refuse(block, f"messages.{i}.content.{j}")
+        texts.append(block["text"])
+    return {"role": "system", "content": "\n".join(texts)}
 
 
 def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:

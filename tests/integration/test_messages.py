@@ -204,6 +204,31 @@ def test_count_tokens_is_an_estimate_for_ordinary_keys(env: Env) -> None:
     assert not env.vllm.requests() or last_request(env.vllm)["path"] != "/v1/messages/count_tokens"
 
 
+def test_count_tokens_goes_to_a_native_backend_untouched(env: Env) -> None:
+    """Claude Code's count_tokens calls: an Anthropic backend counts them itself, from the body as sent."""
+    before = env.settled()
+    body = orjson.dumps(
+        {
+            "model": "claude",
+            "messages": [{"role": "user", "content": "one two three"}, {"role": "system", "content": "four"}],
+            "tools": [{"name": "t", "input_schema": {"type": "object"}, "defer_loading": True}],
+        }
+    )
+    r = httpx.post(
+        env.gw.url + "/v1/messages/count_tokens?beta=true",
+        content=body,
+        headers={"x-api-key": env.key, "anthropic-beta": "token-counting-2024-11-01"},
+    )
+    assert (r.status_code, r.json()) == (200, {"input_tokens": 4})  # the mock counts words
+    sent = last_request(env.claude)
+    assert (sent["path"], sent["query"]) == ("/v1/messages/count_tokens", "beta=true")
+    assert sent["body"] == body.replace(b'"claude"', b'"upstream-claude"')
+    assert sent["headers"]["anthropic-beta"] == "token-counting-2024-11-01"
+    assert sent["headers"]["x-api-key"] == "sk-ant-upstream"
+    time.sleep(0.3)
+    assert env.settled() == before  # no usage record, nothing reserved
+
+
 # -- the openai SDK against Anthropic- and Gemini-speaking backends ----------------------------------------
 
 
@@ -360,7 +385,7 @@ def test_gateway_errors_on_messages_use_anthropic_types(env: Env) -> None:
         )
     with pytest.raises(anthropic.NotFoundError) as exc:
         env.anthropic.messages.create(model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}])
-    assert exc.value.body["error"]["type"] == "not_found_error"
+    assert exc.value.body["error"] == {"type": "not_found_error", "message": "model: nope"}
     # An upstream error status keeps its meaning: 429 is a rate_limit_error.
     env.vllm.configure(fail_status=429)
     try:
@@ -394,3 +419,43 @@ def test_other_messages_paths_are_refused_in_anthropic_terms(env: Env) -> None:
     assert resp.status_code == 404
     assert resp.json()["error"]["type"] == "not_found_error"
     assert "/v1/messages/batches" in resp.json()["error"]["message"]
+
+
+def test_what_only_a_native_backend_reads_passes_untouched(env: Env) -> None:
+    """Roles, block types and fields the gateway does not read go to an Anthropic backend as sent; a
+    translated target checks them and refuses by name what it cannot carry."""
+    body = {
+        "model": "claude",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+            {"role": "user", "content": [{"type": "future_block", "payload": {"x": 1}}]},
+        ],
+        "some_beta_field": {"edits": []},
+    }
+    raw = orjson.dumps(body)
+    headers = {
+        "x-api-key": env.key,
+        "anthropic-beta": "future-2030-01-01",
+        "content-type": "application/json",
+    }
+    r = httpx.post(env.gw.url + "/v1/messages?beta=true", content=raw, headers=headers)
+    assert r.status_code == 200, r.text
+    sent = last_request(env.claude)
+    assert sent["body"] == raw.replace(b'"claude"', b'"upstream-claude"')
+    assert sent["query"] == "beta=true" and sent["headers"]["anthropic-beta"] == "future-2030-01-01"
+    assert r.headers["request-id"] == r.headers["x-request-id"]
+    r = httpx.post(
+        env.gw.url + "/v1/messages", content=orjson.dumps({**body, "model": "chat"}), headers=headers
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["message"].startswith("messages.2.content.0.type: future_block")
+    r = httpx.post(
+        env.gw.url + "/v1/messages", content=orjson.dumps({**body, "max_tokens": "8"}), headers=headers
+    )
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400,
+        "max_tokens: Input should be a valid integer",
+    )

@@ -541,3 +541,22 @@ def test_behaviour_merge_rejects_bools_as_numbers() -> None:
     with pytest.raises(ValueError, match="tokens"):
         Behaviour().merged({"tokens": True})
     assert Behaviour().merged({"waiting": {"m": 2}}).waiting == {"m": 2}
+
+
+def test_sigterm_after_serving_kept_alive_connections_does_not_panic() -> None:
+    """Every SDK keeps its connection open after a request; granian's runtime thread still held them when
+    the interpreter finalised, and pyo3 aborted ("panic in a function that cannot unwind")."""
+    for _ in range(3):
+        engine = MockProcess()
+        try:
+            with httpx.Client(base_url=engine.url, timeout=5) as client:
+                chat = {"model": "mock-model", "messages": CHAT}
+                assert client.post("/v1/chat/completions", json=chat).status_code == 200
+                assert client.post("/v1/chat/completions", json={**chat, "stream": True}).status_code == 200
+                engine.proc.send_signal(signal.SIGTERM)
+                assert engine.proc.wait(5) == 0
+        finally:
+            engine.stop()
+        assert engine.proc.stderr is not None
+        errors = engine.proc.stderr.read()
+        assert "panic" not in errors, errors

@@ -79,7 +79,13 @@ def test_odd_stream_is_byte_identical(env: tuple[Gateway, MockEngine, str]) -> N
         "POST",
         gw.url + "/v1/chat/completions",
         headers={"authorization": f"Bearer {key}"},
-        json={"model": "chat", "messages": [{"role": "user", "content": "q"}], "stream": True},
+        json={
+            "model": "chat",
+            "messages": [{"role": "user", "content": "q"}],
+            "stream": True,
+            # Asked for by the client, so the usage chunk is its own (the gateway adds nothing to take out).
+            "stream_options": {"include_usage": True},
+        },
     ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")

@@ -20,6 +20,7 @@ from gateway.protocol.anthropic import (
     count_tokens_estimate,
     estimate_input_tokens,
     parse_messages_request,
+    read_messages_head,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "translate"
@@ -181,11 +182,79 @@ def test_parsing_and_estimating_leave_no_reference_cycle() -> None:
         gc.enable()
 
 
-def test_count_tokens_estimate_is_at_least_one_and_checks_the_body() -> None:
+def test_count_tokens_estimate_is_at_least_one_and_checks_only_the_head() -> None:
     assert count_tokens_estimate(b'{"model":"m","messages":[{"role":"assistant","content":""}]}') == 1
+    # Roles and blocks are the backend's business: counted where the rule knows them, never refused.
+    assert count_tokens_estimate(b'{"model":"m","messages":[{"role":"robot","content":"abcd"}]}') == 1
+    odd = b'{"model":"m","messages":[5,{"content":[{"type":"text","text":7},"x"]}],"tools":"none"}'
+    assert count_tokens_estimate(odd) == 1
     with pytest.raises(BadRequest) as info:
-        count_tokens_estimate(b'{"model":"m","messages":[{"role":"robot","content":"x"}]}')
-    assert info.value.param == "messages.0.role"
+        count_tokens_estimate(b'{"messages":[]}')
+    assert info.value.param == "model"
+
+
+def test_a_system_message_inside_messages_is_a_message() -> None:
+    """Claude Code sends one for model names it does not know as an older Claude."""
+    body = {
+        "model": "m",
+        "max_tokens": 5,
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+        ],
+    }
+    req = parse_messages_request(orjson.dumps(body))
+    assert req.messages[1] == Message("system", ({"type": "text", "text": "# Environment"},))
+
+
+HEAD_FIELDS = ("model", "max_tokens", "stream", "metadata", "metadata.user_id")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in ERRORS["cases"] if c["stage"] == "parse"],
+    ids=lambda c: f"{c['param']}:{json.dumps(c['set'])[:60]}",
+)
+def test_the_head_refuses_only_what_the_gateway_reads(case: dict[str, Any]) -> None:
+    """The request path checks model, max_tokens, stream and metadata.user_id; every other bad field
+    is left to the backend (refused by the translators only, through the full parse above)."""
+    body = orjson.dumps(merged(ERRORS["base"], case["set"]))
+    if case["param"] in HEAD_FIELDS:
+        with pytest.raises(BadRequest) as info:
+            read_messages_head(body)
+        assert info.value.param == case["param"]
+        assert info.value.message.startswith(case["param"] + ": ")
+    else:
+        head = read_messages_head(body)
+        assert head.doc == orjson.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"model": None}, "model: Field required"),
+        ({"max_tokens": None}, "max_tokens: Field required"),
+        ({"max_tokens": "10"}, "max_tokens: Input should be a valid integer"),
+        ({"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+        ({"stream": "yes"}, "stream: Input should be a valid boolean"),
+    ],
+)
+def test_the_head_speaks_the_apis_wording(changes: dict[str, Any], message: str) -> None:
+    """Clients match on Anthropic's own messages (pydantic's wording) to decide what to do next."""
+    with pytest.raises(BadRequest) as info:
+        read_messages_head(orjson.dumps(merged(ERRORS["base"], changes)))
+    assert info.value.message == message
+    assert orjson.loads(info.value.anthropic_body())["error"]["type"] == "invalid_request_error"
+
+
+def test_the_head_of_what_claude_code_sends() -> None:
+    """A request as Claude Code 2.1 sends it (recorded, prompts shortened): it passes the head, and the
+    full parse accepts it too (a system turn inside messages, adaptive thinking, unknown fields)."""
+    body = (DATA / "claude_code_request.json").read_bytes()
+    head = read_messages_head(body)
+    assert (head.model, head.max_tokens, head.stream) == ("claude-opus-4-5", 32000, True)
+    req = parse_messages_request(body)
+    assert [m.role for m in req.messages] == ["user", "system"]
 
 
 @pytest.mark.parametrize(

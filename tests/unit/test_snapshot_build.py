@@ -486,3 +486,51 @@ def test_unreadable_price_is_skipped_and_the_route_kept(
     assert all(snap.routes[n].price == good.routes[n].price for n in set(good.routes) - unpriced)
     # The principals are untouched.
     assert {p.name for p in snap.principals.values()} == {p.name for p in good.principals.values()}
+
+
+PATTERN_DOC = parse_config(
+    {
+        "backends": [{"name": "a", "url": "http://127.0.0.1:8001/"}],
+        "provider_models": [{"name": "big", "backends": ["a"]}, {"name": "fast", "backends": ["a"]}],
+        "models": [
+            {
+                "name": "chat",
+                "chain": ["big"],
+                "aliases": ["claude-*", "gpt-4o"],
+                "price": {"input": 1, "output": 2},
+            },
+            {"name": "small", "chain": ["fast"], "aliases": ["claude-*-haiku-*", "claude-haiku-*"]},
+        ],
+        "roles": [
+            {"name": "user", "permissions": ["model/chat"]},
+            {"name": "small", "permissions": ["model/small"]},
+        ],
+        "principals": [{"name": "alice", "roles": ["user"]}, {"name": "bob", "roles": ["small"]}],
+    },
+    "test",
+)
+
+
+def test_pattern_aliases_map_the_names_a_client_picks(settings: Settings) -> None:
+    """One entry (``claude-*``) for every name Claude Code asks for; exact names win, then the most
+    specific pattern; a matched name is authorised, priced and routed as its alias."""
+    with open_store(settings) as s:
+        s.apply_config(PATTERN_DOC, hash_key=HASH_KEY, environ={})
+        doc = build_snapshot_doc(s)
+    assert list(doc["alias_patterns"]) == ["claude-*-haiku-*", "claude-haiku-*", "claude-*"]
+    assert not any("*" in name for name in doc["routes"])
+    snap = Snapshot.decode(orjson.dumps(doc), generation=1)
+    opus = snap.route("claude-opus-4-5")
+    assert opus is not None and (opus.name, opus.canonical) == ("claude-*", "chat")
+    assert opus.price == snap.routes["chat"].price and opus.targets == snap.routes["chat"].targets
+    for name in ("claude-3-5-haiku-20241022", "claude-haiku-4-5"):
+        route = snap.route(name)
+        assert route is not None and route.canonical == "small", name
+    assert snap.route("gpt-4o") is snap.routes["gpt-4o"]  # exact names never go through patterns
+    assert snap.route("gpt-4o-mini") is None and snap.route("Claude-opus") is None  # case-sensitive
+    assert snap.route("claude-opus-4-5") is opus  # remembered
+    (alice,) = [p for p in snap.principals.values() if p.name == "alice"]
+    (bob,) = [p for p in snap.principals.values() if p.name == "bob"]
+    assert alice.may_use("claude-*") and not alice.may_use("claude-haiku-*")
+    assert bob.may_use("claude-haiku-*") and not bob.may_use("claude-*")
+    assert "claude-opus-4-5" not in alice.models  # the listing (/v1/models) names no pattern

@@ -1,0 +1,97 @@
+"""Withholding the usage the gateway asked for: a client that did not ask gets the engine's stream without
+usage, byte for byte, however the engine's pieces are cut (transcripts in tests/data/streams)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from gateway.protocol.stream_usage import HOLD_LIMIT, UsageWithholder
+from tests.fixtures.transcripts import cut_at, halves
+
+STREAMS = Path(__file__).resolve().parents[1] / "data" / "streams"
+PAIRS = sorted(p.name.removesuffix(".include_usage.sse") for p in STREAMS.glob("*.include_usage.sse"))
+
+
+def withheld(pieces: list[bytes]) -> bytes:
+    w = UsageWithholder()
+    return b"".join(w.feed(p) for p in pieces)
+
+
+def pair(name: str) -> tuple[bytes, bytes]:
+    return (STREAMS / f"{name}.include_usage.sse").read_bytes(), (STREAMS / f"{name}.sse").read_bytes()
+
+
+def test_there_are_transcripts() -> None:
+    assert len(PAIRS) >= 5
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_whole_and_event_by_event(name: str) -> None:
+    engine, expected = pair(name)
+    assert withheld([engine]) == expected
+    sep = b"\r\n\r\n" if b"\r\n" in engine else b"\n\n"
+    events = [e + sep for e in engine.split(sep)[:-1]]
+    assert withheld(events) == expected
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_every_cut_in_two(name: str) -> None:
+    engine, expected = pair(name)
+    step = 1 if len(engine) < 4096 else 7
+    for i, pieces in halves(engine):
+        if i % step == 0:
+            assert withheld(pieces) == expected, i
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_random_cuts_and_single_bytes(name: str) -> None:
+    engine, expected = pair(name)
+    rng = random.Random(name)
+    for _ in range(50):
+        cuts = sorted(rng.randrange(len(engine) + 1) for _ in range(rng.randrange(1, 12)))
+        assert withheld(cut_at(engine, cuts)) == expected, cuts
+    tail = len(engine) - 600  # the usage chunk and [DONE] a byte at a time
+    assert withheld([engine[:tail], *(engine[i : i + 1] for i in range(tail, len(engine)))]) == expected
+
+
+def test_the_usage_chunk_is_held_only_until_what_follows_is_known() -> None:
+    w = UsageWithholder()
+    content = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    assert w.feed(content) == content  # no delay for an ordinary event
+    assert w.feed(usage) == b""
+    assert w.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
+    # Choices [] without usage (Azure's first chunk) is no usage chunk: it goes on at once.
+    w = UsageWithholder()
+    first = b'data: {"choices":[],"prompt_filter_results":[],"usage":null}\n\n'
+    assert w.feed(first) == first.replace(b',"usage":null}', b"}")
+    # A usage chunk that turns out not to be the last event goes out where it was.
+    assert w.feed(usage) == b""
+    assert w.feed(content) == usage + content
+    # A stream that ends without [DONE]: the usage chunk, its last event, is never sent.
+    w = UsageWithholder()
+    assert w.feed(content + usage) == content
+
+
+def test_what_only_looks_like_usage_passes_untouched() -> None:
+    """Model output mentioning usage is inside JSON strings, where every quote is escaped."""
+    odd = (
+        b'data: {"choices":[{"delta":{"content":"\\"usage\\":null} \\"choices\\":[]"}}]}\n\n'
+        b": a comment\n\n"
+        b'data:{"choices":[{"delta":{}}],"usage":{"total_tokens":2}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    assert withheld([odd]) == odd
+    for _, pieces in halves(odd):
+        assert withheld(pieces) == odd
+
+
+def test_an_unfinished_event_is_held_but_bounded() -> None:
+    w = UsageWithholder()
+    assert w.feed(b'data: {"choices":[{"delta":') == b""  # of no use to a client before its blank line
+    assert w.feed(b'{}}]}\n\ndata: {"ch') == b'data: {"choices":[{"delta":{}}]}\n\n'
+    big = b"x" * (HOLD_LIMIT + 10)
+    assert w.feed(big) == b'data: {"ch' + big  # too long to be a usage chunk: it goes on unfinished
