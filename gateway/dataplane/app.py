@@ -26,7 +26,7 @@ from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
-from gateway.dataplane.upstream import HOP_BY_HOP, make_client
+from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
     BadRequest,
     Forbidden,
@@ -38,12 +38,14 @@ from gateway.errors import (
     Unauthorized,
 )
 from gateway.keys import hash_secret
+from gateway.native import top_members
 from gateway.protocol.anthropic import (
     estimate_input_tokens,
     parse_count_tokens_request,
     parse_messages_request,
 )
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
+from gateway.protocol.paths import check_client_path
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
@@ -57,6 +59,7 @@ _JSON = [("content-type", "application/json")]
 # Never forwarded upstream: the client's credentials, connection-level headers, and Accept-Encoding
 # (bytes must arrive uncompressed so usage can be read from them).
 _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+_KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -222,6 +225,9 @@ class ProxyApp:
 
     # -- the request path ---------------------------------------------------------------------------
     async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:
+        unsafe = check_client_path(path)
+        if unsafe is not None:
+            raise BadRequest(unsafe)
         snap = self.snapshot
         headers = scope.headers
         key = self.authenticate(snap, headers)
@@ -300,7 +306,15 @@ class ProxyApp:
         headers = scope.headers
         method: str = scope.method
         qs: str = scope.query_string
-        forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
+        named = headers.get_all("connection")
+        # Headers the client's Connection header names are hop-by-hop as well (RFC 9110 7.6.1). Clients
+        # send none or "keep-alive", so the usual drop set serves.
+        drop = (
+            _DROP_REQUEST_HEADERS | connection_named(named)
+            if named and named != _KEEP_ALIVE
+            else _DROP_REQUEST_HEADERS
+        )
+        forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
         if path.startswith(_MESSAGES + "/") and path != _COUNT_TOKENS:
             # Message batches and other Messages sub-resources are not proxied: say so in Anthropic's terms
@@ -309,7 +323,10 @@ class ProxyApp:
         if path in (_MESSAGES, _COUNT_TOKENS):
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
-            req = parse_messages_request(body) if path == _MESSAGES else parse_count_tokens_request(body)
+            if path == _MESSAGES:
+                req = parse_messages_request(body, top_members)
+            else:
+                req = parse_count_tokens_request(body, top_members)
             info = RequestInfo(req.model, req.stream, False, req.max_tokens or None, None, user=req.user_id)
             return Outgoing(
                 "anthropic",
@@ -373,7 +390,7 @@ class ProxyApp:
                 if name == "model" and value:
                     return RequestInfo(unquote_plus(value), False, False, None, None)
             raise BadRequest("you must provide a model parameter", param="model")
-        return inspect_json(body)
+        return inspect_json(body, top_members)
 
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
         principal = key.principal

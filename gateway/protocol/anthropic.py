@@ -24,6 +24,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import BadRequest, GatewayError, anthropic_error_type
+from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -82,17 +83,19 @@ class MessagesRequest:
     thinking: dict[str, Any] | None = None
 
 
-def parse_messages_request(body: bytes) -> MessagesRequest:
-    return _parse(body, count_tokens=False)
+def parse_messages_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
+    """``members`` counts the body's top-level members as written: a member named twice is refused."""
+    return _parse(body, members, count_tokens=False)
 
 
-def _parse(body: bytes, *, count_tokens: bool) -> MessagesRequest:
+def _parse(body: bytes, members: MemberCounter, *, count_tokens: bool) -> MessagesRequest:
     try:
         doc: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
+    refuse_duplicates(body, doc, members)
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model: a non-empty string is required", param="model")
@@ -357,9 +360,9 @@ def _count(value: Any, counts: list[int]) -> None:
             counts[0] += len(value.get("thinking", ""))
 
 
-def parse_count_tokens_request(body: bytes) -> MessagesRequest:
+def parse_count_tokens_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
     """A ``count_tokens`` body, checked like a Messages request except that it has no ``max_tokens``."""
-    return _parse(body, count_tokens=True)
+    return _parse(body, members, count_tokens=True)
 
 
 def count_tokens_estimate(body: bytes) -> int:
@@ -370,7 +373,7 @@ def count_tokens_estimate(body: bytes) -> int:
     definition, plus ``IMAGE_TOKENS`` (1600) per image or document block, and at least 1. Backends
     tokenise differently; this is neither an upper nor a lower bound. The body is checked like a Messages
     request except that ``max_tokens`` is not required (count_tokens bodies have none)."""
-    return estimate_input_tokens(_parse(body, count_tokens=True))
+    return estimate_input_tokens(_parse(body, count_top_members, count_tokens=True))
 
 
 def anthropic_error_body(status: int, message: str) -> bytes:
