@@ -22,6 +22,8 @@ import orjson
 from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
+from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
+from gateway.dataplane.clients import ClientLimiter
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
@@ -33,7 +35,6 @@ from gateway.errors import (
     GatewayError,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     RoutingRefused,
     Unauthorized,
 )
@@ -77,6 +78,7 @@ class ProxyApp:
         accounting: Accounting | None = None,
         stats: tuple[WorkerStats, int] | None = None,
         load: BackendLoad | None = None,
+        clients: ClientLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.accounting = accounting
@@ -86,6 +88,8 @@ class ProxyApp:
         self.draining = False
         self.forwarder: Forwarder | None = None
         self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
+        self.bodies: BodyReader | None = None  # made on the worker's loop
+        self.clients = clients if clients is not None and clients.active else None
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -102,6 +106,12 @@ class ProxyApp:
         self.refresh_snapshot()
         self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down, self.load)
         self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
+        settings = self.settings
+        self.bodies = BodyReader(
+            settings.max_body_bytes,
+            StallWatch(loop, settings.body_timeout),
+            BodyBudget(loop, max(settings.body_buffer_bytes, settings.max_body_bytes), settings.body_wait),
+        )
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
@@ -116,6 +126,8 @@ class ProxyApp:
             loop.create_task(self.forwarder.client.close())
         if self.disconnects is not None:
             self.disconnects.close()
+        if self.bodies is not None:
+            self.bodies.stalls.close()
 
     def refresh_snapshot(self) -> bool:
         """Swap in the published snapshot if its generation moved. Never raises on a bad document."""
@@ -178,7 +190,11 @@ class ProxyApp:
         if path.startswith("/v1/"):
             self.in_flight += 1
             self.requests += 1
+            clients = self.clients
+            ticket = None
             try:
+                if clients is not None:  # the per-address abuse limiter, before any work for the request
+                    ticket = clients.admit(scope)
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
                 self.refused[exc.status] = self.refused.get(exc.status, 0) + 1
@@ -190,6 +206,11 @@ class ProxyApp:
                 log.warning("%s", exc)
             finally:
                 self.in_flight -= 1
+                if ticket is not None and clients is not None:
+                    clients.finish(ticket)
+                bodies = self.bodies
+                if bodies is not None and bodies.held:  # only while some large body holds room
+                    bodies.release()
             return
         if path == "/healthz":
             snap = self.snapshot
@@ -360,24 +381,9 @@ class ProxyApp:
         return entry
 
     async def read_body(self, proto: Any, content_length: str | None) -> bytes:
-        limit = self.settings.max_body_bytes
-        if content_length is not None:
-            try:
-                declared = int(content_length)
-            except ValueError:
-                raise BadRequest("invalid Content-Length header") from None
-            if declared > limit:
-                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
-            body: bytes = await proto()
-            return body
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in proto:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-            parts.append(chunk)
-        return b"".join(parts)
+        bodies = self.bodies
+        assert bodies is not None  # made on the worker's loop, before the first request
+        return await bodies.read(proto, content_length)
 
     @staticmethod
     def inspect(body: bytes, content_type: str, method: str, query: str) -> RequestInfo:
