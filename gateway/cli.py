@@ -134,7 +134,7 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
         "--body-buffer-bytes",
         type=int,
         default=_env("GATEWAY_BODY_BUFFER_BYTES"),
-        help="bytes of request bodies over 64 KiB one proxy worker holds at once (128 MiB, at least "
+        help="bytes of request bodies over 64 KiB one proxy worker holds at once (96 MiB; at least twice "
         "--max-body-bytes); others wait (env GATEWAY_BODY_BUFFER_BYTES)",
     )
     p.add_argument(

@@ -57,7 +57,7 @@ class Settings:
     # request head within head_timeout seconds is closed; a body with no byte for body_timeout gets 408.
     head_timeout: float = 30.0
     body_timeout: float = 30.0
-    body_buffer_bytes: int = 128 * 1024 * 1024  # large request bodies one worker holds at once
+    body_buffer_bytes: int = 96 * 1024 * 1024  # bytes of large request bodies one worker holds at once
     body_wait: float = 10.0  # seconds a body waits for room in that budget before 503
     # Per client address (after trusted_proxies), across the host's workers; 0 turns a limit off.
     client_max_requests: int = 4096  # concurrent requests

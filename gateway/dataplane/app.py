@@ -110,7 +110,10 @@ class ProxyApp:
         self.bodies = BodyReader(
             settings.max_body_bytes,
             StallWatch(loop, settings.body_timeout),
-            BodyBudget(loop, max(settings.body_buffer_bytes, settings.max_body_bytes), settings.body_wait),
+            # Room for one body of the largest size at least (charged twice while it arrives: bodies.py).
+            BodyBudget(
+                loop, max(settings.body_buffer_bytes, 2 * settings.max_body_bytes), settings.body_wait
+            ),
         )
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:

@@ -35,6 +35,8 @@ __all__ = [
 _STRUCTURE = re.compile(rb'["{}\[\]]')
 _JSON_STRING = re.compile(rb'\s*:\s*("[^"\\]*(?:\\.[^"\\]*)*")')
 _MODEL_KEY = b'"model"'
+# From this size a splice joins views of the body rather than slicing it (small bodies: plain slices).
+_SPLICE_IN_PLACE = 64 * 1024
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
@@ -185,4 +187,8 @@ def splice_model(
         return orjson.dumps(doc)
     start, end = span
     value = upstream_model.encode() if info.multipart else orjson.dumps(upstream_model)
+    if len(body) > _SPLICE_IN_PLACE:
+        # One copy of a large body (an upload), not three: slices of a memoryview copy nothing.
+        view = memoryview(body)
+        return b"".join((view[:start], value, view[end:]))
     return body[:start] + value + body[end:]
