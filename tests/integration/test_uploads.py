@@ -77,7 +77,8 @@ def test_concurrent_uploads_grow_the_workers_by_less_than_was_uploaded(tmp_path:
         uploaded = UPLOADS * len(body)
         print(
             f"\n{UPLOADS} concurrent uploads of {len(body) / 1e6:.0f} MB in {took:.1f}s: "
-            f"the workers' peak RSS grew by {grown / 2**20:.0f} MiB in all, for {uploaded / 2**20:.0f} MiB uploaded"
+            f"the workers' peak RSS grew by {grown / 2**20:.0f} MiB in all, "
+            f"for {uploaded / 2**20:.0f} MiB uploaded"
         )
         assert grown < uploaded
     finally:
