@@ -154,7 +154,7 @@ model_span: Final = find_model_span if PURE_PYTHON else model_span_c
 
 def top_members_c(body: bytes) -> int:
     """``gateway.protocol.json_members.count_top_members`` in C (``native/json_member.c``)."""
-    members: int = _native().gw_json_top_members(body, len(body))
+    members: int = (_lib or _native()).gw_json_top_members(body, len(body))
     return members
 
 

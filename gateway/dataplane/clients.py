@@ -127,7 +127,7 @@ class ClientLimiter:
         self.burst = burst if burst > 0 else max(1, math.ceil(2 * rate))
         self.slots = max(1, slots)
         self.trusted = trusted
-        self._slot_of: dict[str, int] = {}
+        self._by_address: dict[str, AdmissionPlan] = {}  # the plan of each address seen (bounded)
         self._plans: dict[int, AdmissionPlan] = {}
 
     @property
@@ -142,19 +142,13 @@ class ClientLimiter:
         return peer
 
     def slot(self, address: str) -> int:
-        slot = self._slot_of.get(address)
-        if slot is None:
-            grouped = address
-            if ":" in address:  # IPv6: one /64 is one client
-                try:
-                    grouped = str(ipaddress.IPv6Network(f"{address}/64", strict=False).network_address)
-                except ValueError:
-                    pass
-            slot = zlib.crc32(grouped.encode()) % self.slots
-            if len(self._slot_of) >= _CACHE:
-                self._slot_of.clear()
-            self._slot_of[address] = slot
-        return slot
+        grouped = address
+        if ":" in address:  # IPv6: one /64 is one client
+            try:
+                grouped = str(ipaddress.IPv6Network(f"{address}/64", strict=False).network_address)
+            except ValueError:
+                pass
+        return zlib.crc32(grouped.encode()) % self.slots
 
     def plan(self, slot: int) -> AdmissionPlan:
         plan = self._plans.get(slot)
@@ -170,28 +164,45 @@ class ClientLimiter:
 
     def admit(self, scope: Any) -> ClientTicket:
         """Take a place and a request from the caller's address, or raise RateLimited (429, Retry-After)."""
-        address = self.address(scope)
-        plan = self.plan(self.slot(address))
+        if self.trusted:
+            address = self.address(scope)
+        else:
+            # The peer's "host:port" up to its last colon ("[::1]" for IPv6) names its plan: one slice and
+            # one dict lookup per request; the address is worked out only when it is new.
+            client: str = scope.client
+            address = client[: client.rfind(":")]
+        plan = self._by_address.get(address)
+        if plan is None:
+            plan = self._plan_of(address)
         holdings = self.holdings
         note = (holdings.free.pop() if holdings.free else holdings.take()) if holdings is not None else -1
         out = self.table.admit(plan, 0, self.notes, note)
-        refused = out[0]
-        if refused >= 0:
+        if out[0] >= 0:
             if holdings is not None:
                 holdings.give(note)
-            wait = out[1]
-            gauge = plan.limits[refused].kind == LIMIT_CONCURRENCY
-            seconds = 1 if gauge or wait < 0 else max(1, math.ceil(wait / 1e9))
-            what = (
-                f"{self.max_requests} concurrent requests"
-                if gauge
-                else f"{self.rate:g} requests per second (bursts of {self.burst})"
-            )
-            raise RateLimited(
-                f"Too many requests from your address {address}: at most {what}. Retry after {seconds}s.",
-                headers={"retry-after": str(seconds)},
-            )
+            raise self._refused(plan, out[0], out[1], address)
         return ClientTicket(plan, note)
+
+    def _plan_of(self, address: str) -> AdmissionPlan:
+        plan = self.plan(self.slot(peer_address(address + ":0")))
+        if len(self._by_address) >= _CACHE:
+            self._by_address.clear()
+        self._by_address[address] = plan
+        return plan
+
+    def _refused(self, plan: AdmissionPlan, index: int, wait: int, address: str) -> RateLimited:
+        gauge = plan.limits[index].kind == LIMIT_CONCURRENCY
+        seconds = 1 if gauge or wait < 0 else max(1, math.ceil(wait / 1e9))
+        what = (
+            f"{self.max_requests} concurrent requests"
+            if gauge
+            else f"{self.rate:g} requests per second (bursts of {self.burst})"
+        )
+        return RateLimited(
+            f"Too many requests from your address {address.strip('[]')}: at most {what}. "
+            f"Retry after {seconds}s.",
+            headers={"retry-after": str(seconds)},
+        )
 
     def finish(self, ticket: ClientTicket) -> None:
         """Give the request's place back (its rate stays taken)."""

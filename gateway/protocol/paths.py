@@ -4,7 +4,8 @@ granian hands the application ``scope.path`` already percent-decoded (``%2e%2e``
 ``%2F`` as ``/``, ``%00`` as a NUL, an invalid sequence as U+FFFD) and keeps no raw copy, so the rules
 apply to the decoded path: what a backend would see once it decodes the path the gateway sends on. An
 encoded ``/`` therefore cannot be told from a plain one; it is a plain one here, which is harmless because
-the path that results is checked like any other. Sans-I/O: strings in, an exception or a bool out.
+the path that results is checked like any other. Sans-I/O: strings in, a reason or a bool out (it
+remembers the safe paths it has seen).
 """
 
 from __future__ import annotations
@@ -28,10 +29,20 @@ _WHAT = {
 }
 
 
+# Paths already found safe: clients call a handful of them, and a set lookup costs a twentieth of the
+# search. Bounded, so that a client making up paths cannot grow it without end.
+_SAFE: set[str] = set()
+_SAFE_MAX = 4096
+
+
 def check_client_path(path: str) -> str | None:
     """None when ``path`` (decoded, starting with "/") may be forwarded; else why not, for a 400."""
+    if path in _SAFE:
+        return None
     m = _UNSAFE.search(path)
     if m is None:
+        if len(_SAFE) < _SAFE_MAX:
+            _SAFE.add(path)
         return None
     found = m.group()
     if found == "//":
