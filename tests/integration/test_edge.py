@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import httpx
 import orjson
@@ -23,21 +23,55 @@ QUIET = ("--engine-scrape-interval", "0")
 CHAT = b'{"model":"chat","messages":[{"role":"user","content":"hi"}]}'
 
 
+CONN_BODY = b'{"id":"x","object":"chat.completion","choices":[]}'
+# pm-odd answers a status no HTTP server sends; pm-conn names a header in its Connection header.
+ODD = b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+CONN = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close, X-Internal\r\n" + (
+    b"X-Internal: secret\r\nX-Public: yes\r\nContent-Length: %d\r\n\r\n%s" % (len(CONN_BODY), CONN_BODY)
+)
+MAX_BODY = 300_000
+
+
+@dataclass
+class Edge:
+    gw: Gateway
+    raw: RawUpstream  # behind "chat", under the path prefix /echo
+    odd: RawUpstream
+    conn: RawUpstream
+    key: str  # alice's: "chat"
+    direct: str  # bob's: the pm-* models
+
+
 @pytest.fixture(scope="module")
-def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, RawUpstream, str]]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     tmp = tmp_path_factory.mktemp("edge")
-    raw = RawUpstream()
+    raw, odd, conn = RawUpstream(), RawUpstream(ODD), RawUpstream(CONN)
     gw = Gateway(
         tmp,
-        basic_config({"raw": raw.url + "/echo"}),
+        basic_config({"raw": raw.url + "/echo", "odd": odd.url, "conn": conn.url}, chain=["pm-raw"]),
         workers=2,
-        extra=(*QUIET, "--head-timeout", str(HEAD_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT)),
+        extra=(
+            *QUIET,
+            "--head-timeout",
+            str(HEAD_TIMEOUT),
+            "--body-timeout",
+            str(BODY_TIMEOUT),
+            "--max-body-bytes",
+            str(MAX_BODY),
+        ),
     )
-    key = gw.create_key("alice")
+    key, direct = gw.create_key("alice"), gw.create_key("bob")
     gw.wait_key_live(key)
-    yield gw, raw, key
+    gw.wait_key_live(direct)
+    yield Edge(gw, raw, odd, conn, key, direct)
     gw.stop()
-    raw.stop()
+    for up in (raw, odd, conn):
+        up.stop()
+
+
+@pytest.fixture
+def edge(env: Edge) -> tuple[Gateway, RawUpstream, str]:
+    return env.gw, env.raw, env.key
 
 
 def exchange(gw: Gateway, data: bytes, wait: float = 5.0) -> tuple[bytes, float]:
@@ -211,28 +245,20 @@ def test_a_large_body_that_keeps_coming_is_not_cut(edge: tuple[Gateway, RawUpstr
     assert raw.received[-1].body == body.replace(b'"chat"', b'"mock-model"', 1)  # the provider's name
 
 
-def test_chunked_body_past_the_limit_is_refused_as_it_arrives(tmp_path: Path) -> None:
-    raw = RawUpstream()
-    gw = Gateway(
-        tmp_path, basic_config({"raw": raw.url}), workers=1, extra=(*QUIET, "--max-body-bytes", "100000")
-    )
-    try:
-        key = gw.create_key("alice")
-        gw.wait_key_live(key)
-        with socket.create_connection(("127.0.0.1", gw.port)) as s:
-            s.settimeout(5)
-            s.sendall(
-                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
-                "Transfer-Encoding: chunked\r\n\r\n".encode()
-            )
-            piece = b"x" * 60000
-            s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) * 2)  # 120 kB sent, the client never ends it
-            got = s.recv(65536)
-        assert got.startswith(b"HTTP/1.1 413"), got
-        assert raw.received == []
-    finally:
-        gw.stop()
-        raw.stop()
+def test_chunked_body_past_the_limit_is_refused_as_it_arrives(edge: tuple[Gateway, RawUpstream, str]) -> None:
+    gw, raw, key = edge
+    before = len(raw.received)
+    with socket.create_connection(("127.0.0.1", gw.port)) as s:
+        s.settimeout(5)
+        s.sendall(
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        piece = b"x" * (MAX_BODY // 2 + 1000)
+        s.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) * 2)  # past the limit; the client never ends it
+        got = s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 413"), got
+    assert len(raw.received) == before
 
 
 # -- item 10 -----------------------------------------------------------------------------------------------
@@ -260,40 +286,17 @@ def test_duplicate_members_are_refused_on_messages(edge: tuple[Gateway, RawUpstr
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
-def test_upstream_status_out_of_range_is_502(tmp_path: Path) -> None:
-    raw = RawUpstream(b"HTTP/1.1 999 Odd\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
-    gw = Gateway(tmp_path, basic_config({"raw": raw.url}), workers=1, extra=QUIET)
-    try:
-        key = gw.create_key("alice")
-        gw.wait_key_live(key)
-        r = post(gw, key, "/v1/chat/completions")
-        assert r.status_code == 502
-        assert r.json()["error"]["type"] == "server_error"
-    finally:
-        gw.stop()
-        raw.stop()
+def test_upstream_status_out_of_range_is_502(env: Edge) -> None:
+    r = post(env.gw, env.direct, "/v1/chat/completions", CHAT.replace(b'"chat"', b'"pm-odd"'))
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "server_error"
+    assert len(env.odd.received) == 1
 
 
-def test_connection_named_headers_are_dropped_both_ways(tmp_path: Path) -> None:
-    body = b'{"id":"x","object":"chat.completion","choices":[]}'
-    raw = RawUpstream(
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close, X-Internal\r\n"
-        b"X-Internal: secret\r\nX-Public: yes\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-    )
-    gw = Gateway(tmp_path, basic_config({"raw": raw.url}), workers=1, extra=QUIET)
-    try:
-        key = gw.create_key("alice")
-        gw.wait_key_live(key)
-        r = post(
-            gw,
-            key,
-            "/v1/chat/completions",
-            headers={"connection": "keep-alive, X-Hop", "x-hop": "1", "x-kept": "2"},
-        )
-        assert r.status_code == 200
-        assert r.headers.get("x-public") == "yes" and "x-internal" not in r.headers
-        got = raw.received[-1]
-        assert got.header("x-kept") == "2" and got.header("x-hop") is None
-    finally:
-        gw.stop()
-        raw.stop()
+def test_connection_named_headers_are_dropped_both_ways(env: Edge) -> None:
+    hop = {"connection": "keep-alive, X-Hop", "x-hop": "1", "x-kept": "2"}
+    r = post(env.gw, env.direct, "/v1/chat/completions", CHAT.replace(b'"chat"', b'"pm-conn"'), headers=hop)
+    assert r.status_code == 200
+    assert r.headers.get("x-public") == "yes" and "x-internal" not in r.headers
+    got = env.conn.received[-1]
+    assert got.header("x-kept") == "2" and got.header("x-hop") is None
