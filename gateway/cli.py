@@ -114,13 +114,13 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=_env("GATEWAY_HEAD_TIMEOUT"),
         help="seconds a connection may take to send a complete request head, idle keep-alive time "
-        "included, before it is closed (30; env GATEWAY_HEAD_TIMEOUT)",
+        "included, before it is closed (30; 0: never, not advised; env GATEWAY_HEAD_TIMEOUT)",
     )
     p.add_argument(
         "--body-timeout",
         type=float,
         default=_env("GATEWAY_BODY_TIMEOUT"),
-        help="seconds a request body may bring no byte before the request gets 408 (30; env "
+        help="seconds a request body may bring no byte before the request gets 408 (30; 0: never; env "
         "GATEWAY_BODY_TIMEOUT)",
     )
     p.add_argument(

@@ -52,6 +52,8 @@ class StallWatch:
 
     def start(self) -> asyncio.Task[Any] | None:
         """Note the current task as reading, from now. (The loop named: it spares a getpid() call.)"""
+        if self.timeout <= 0:  # --body-timeout 0: bodies may stall for ever
+            return None
         task = asyncio.current_task(self.loop)
         if task is not None:
             now = self.loop.time()

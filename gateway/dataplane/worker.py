@@ -101,6 +101,12 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     return 0
 
 
+def head_timeout_ms(seconds: float) -> int:
+    """granian's header read timeout for ``--head-timeout``; 0 (or less) turns it off, which hyper does
+    not offer, so it becomes a day."""
+    return int(seconds * 1000) if seconds > 0 else 86_400_000
+
+
 def raise_file_limit(connections: int) -> int:
     """Raise this worker's soft RLIMIT_NOFILE toward its hard limit so that ``connections`` client sockets
     (``--backpressure``) plus the upstream ones fit; returns the soft limit now. Below that, accept fails
@@ -164,7 +170,7 @@ async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> N
         # accept, so silent and dribbling connections are both cut at head_timeout. The gateway sits behind
         # a load balancer or clients that speak HTTP/1.1; h2c is not offered.
         http=HTTPModes.http1,
-        http1_settings=HTTP1Settings(header_read_timeout=max(1, int(settings.head_timeout * 1000))),
+        http1_settings=HTTP1Settings(header_read_timeout=head_timeout_ms(settings.head_timeout)),
         log_enabled=False,
     )
     stopping_since: list[float] = []
