@@ -203,13 +203,12 @@ class BodyReader:
     async def _chunks(self, proto: Any, declared: int) -> bytes:
         limit = self.limit
         stalls = self.stalls
-        task = stalls.start()
-        # Room for twice what arrives, for the request's lifetime: see the module's docstring.
-        held = 0
+        # Room for twice what arrives, for the request's lifetime: see the module's docstring. Taken
+        # before the stall watch starts: a wait for room is not the client's stall.
+        me = asyncio.current_task(self.budget.loop)
+        held = await self._hold(me, 2 * declared) if declared > 0 else 0
+        task = stalls.start()  # None when bodies may stall (--body-timeout 0)
         try:
-            if declared > 0:
-                held = await self._hold(task, 2 * declared)
-                stalls.progress(task)  # the wait for room is not the client's stall
             parts: list[bytes] = []
             size = 0
             async for chunk in proto:
@@ -218,8 +217,8 @@ class BodyReader:
                     raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
                 if 2 * size > held and size > WHOLE:  # chunked (or longer than declared): hold as it grows
                     stalls.stop(task)
-                    held += await self._hold(task, 2 * size - held)
-                    stalls.start()
+                    held += await self._hold(me, 2 * size - held)
+                    task = stalls.start()
                 parts.append(chunk)
                 stalls.progress(task)
         except asyncio.CancelledError:
