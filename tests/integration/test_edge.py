@@ -4,6 +4,7 @@ gateway and a raw upstream of our own that records what reached it."""
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -300,3 +301,32 @@ def test_connection_named_headers_are_dropped_both_ways(env: Edge) -> None:
     assert r.headers.get("x-public") == "yes" and "x-internal" not in r.headers
     got = env.conn.received[-1]
     assert got.header("x-kept") == "2" and got.header("x-hop") is None
+
+
+# -- what must keep holding: malformed requests get a clean 4xx (or a close), and no worker is lost -------
+MALFORMED = {
+    "te-and-cl": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n",
+    "two-lengths": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+    b"Content-Length: 5\r\n\r\n",
+    "bad-length": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4x\r\n\r\n",
+    "bad-chunk": b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    "huge-header": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n",
+    "bare-lf": b"GET /v1/models HTTP/1.1\nHost: x\n\n",
+    "nul-in-header": b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n",
+    "no-http": b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 64,
+    "space-in-target": b"GET /v1/mod els HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_malformed_requests_get_a_clean_refusal(edge: tuple[Gateway, RawUpstream, str], name: str) -> None:
+    gw, raw, _ = edge
+    workers = gw.worker_pids()
+    before = len(raw.received)
+    got, _ = exchange(gw, MALFORMED[name], wait=HEAD_TIMEOUT + 3)
+    status = got.split(b"\r\n", 1)[0]
+    assert got == b"" or status.startswith((b"HTTP/1.1 4", b"HTTP/1.0 4")), got[:200]
+    assert b"HTTP/1.1 200" not in got  # nothing smuggled behind it was served
+    assert len(raw.received) == before
+    assert gw.worker_pids() == workers and all(os.path.exists(f"/proc/{p}") for p in workers)
