@@ -125,14 +125,14 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backpressure",
-        type=int,
+        type=positive_int,
         default=_env("GATEWAY_BACKPRESSURE"),
         help="connections each proxy worker holds open at most, idle ones included (16384; env "
         "GATEWAY_BACKPRESSURE)",
     )
     p.add_argument(
         "--body-buffer-bytes",
-        type=int,
+        type=positive_int,
         default=_env("GATEWAY_BODY_BUFFER_BYTES"),
         help="bytes of request bodies over 64 KiB one proxy worker holds at once (96 MiB; at least twice "
         "--max-body-bytes); others wait (env GATEWAY_BODY_BUFFER_BYTES)",
