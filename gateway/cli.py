@@ -7,6 +7,7 @@ answer), 1 for an internal error. ``GATEWAY_DEBUG=1`` shows the traceback of the
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sqlite3
 import sys
@@ -22,6 +23,7 @@ __all__ = [
     "USAGE_ERROR",
     "Parser",
     "add_common_options",
+    "add_edge_options",
     "error_lines",
     "main",
     "port_number",
@@ -86,6 +88,86 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
         "--database",
         default=os.environ.get("GATEWAY_DATABASE") or None,
         help="postgresql://… URL; default: SQLite under --data-dir (env GATEWAY_DATABASE)",
+    )
+
+
+def _cidrs(text: str) -> tuple[str, ...]:
+    """``--trusted-proxies``: comma-separated networks, checked here so that a typo stops the start."""
+    out = tuple(c.strip() for c in text.split(",") if c.strip())
+    for cidr in out:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a network: {cidr!r} ({exc})") from None
+    return out
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def add_edge_options(p: argparse.ArgumentParser) -> None:
+    """Flags of the proxy port's edge: connection and body timeouts, buffering, per-address limits
+    (docs/operations.md, "Hostile traffic and faults")."""
+    p.add_argument(
+        "--head-timeout",
+        type=float,
+        default=_env("GATEWAY_HEAD_TIMEOUT"),
+        help="seconds a connection may take to send a complete request head, idle keep-alive time "
+        "included, before it is closed (30; 0: never, not advised; env GATEWAY_HEAD_TIMEOUT)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=_env("GATEWAY_BODY_TIMEOUT"),
+        help="seconds a request body may bring no byte before the request gets 408 (30; 0: never; env "
+        "GATEWAY_BODY_TIMEOUT)",
+    )
+    p.add_argument(
+        "--backpressure",
+        type=positive_int,
+        default=_env("GATEWAY_BACKPRESSURE"),
+        help="connections each proxy worker holds open at most, idle ones included (16384; env "
+        "GATEWAY_BACKPRESSURE)",
+    )
+    p.add_argument(
+        "--body-buffer-bytes",
+        type=positive_int,
+        default=_env("GATEWAY_BODY_BUFFER_BYTES"),
+        help="bytes of request bodies over 64 KiB one proxy worker holds at once (96 MiB; at least twice "
+        "--max-body-bytes); others wait (env GATEWAY_BODY_BUFFER_BYTES)",
+    )
+    p.add_argument(
+        "--body-wait",
+        type=float,
+        default=_env("GATEWAY_BODY_WAIT"),
+        help="seconds a body waits for room in --body-buffer-bytes before the request gets 503 (10)",
+    )
+    p.add_argument(
+        "--client-max-requests",
+        type=int,
+        default=_env("GATEWAY_CLIENT_MAX_REQUESTS"),
+        help="concurrent requests per client address, across the host's workers (4096; 0: no limit; env "
+        "GATEWAY_CLIENT_MAX_REQUESTS)",
+    )
+    p.add_argument(
+        "--client-rate",
+        type=float,
+        default=_env("GATEWAY_CLIENT_RATE"),
+        help="requests per second per client address (0: no limit, the default; env GATEWAY_CLIENT_RATE)",
+    )
+    p.add_argument(
+        "--client-burst",
+        type=int,
+        default=_env("GATEWAY_CLIENT_BURST"),
+        help="requests a client address may send at once within --client-rate (twice the rate)",
+    )
+    p.add_argument(
+        "--trusted-proxies",
+        type=_cidrs,
+        default=_cidrs(os.environ.get("GATEWAY_TRUSTED_PROXIES", "")) or None,
+        help="comma-separated networks (CIDRs) of load balancers whose X-Forwarded-For names the client "
+        "(none: the socket's peer is the client; env GATEWAY_TRUSTED_PROXIES)",
     )
 
 

@@ -52,7 +52,19 @@ class Settings:
     bucket_capacity: int = 65536  # slots in the shared token-bucket table (64 bytes each)
     default_completion_tokens: int = 512  # reserved per request without max_tokens, settled after
     disconnect_watch_after: float = 0.25  # seconds a request runs before client disconnects are watched
-    backpressure: int = 4096  # concurrent connections per worker granian accepts
+    backpressure: int = 16384  # concurrent connections per worker granian accepts (idle ones included)
+    # The edge (docs/operations.md, "Hostile traffic and faults"): a connection that sends no complete
+    # request head within head_timeout seconds is closed; a body with no byte for body_timeout gets 408.
+    head_timeout: float = 30.0
+    body_timeout: float = 30.0
+    body_buffer_bytes: int = 96 * 1024 * 1024  # bytes of large request bodies one worker holds at once
+    body_wait: float = 10.0  # seconds a body waits for room in that budget before 503
+    # Per client address (after trusted_proxies), across the host's workers; 0 turns a limit off.
+    client_max_requests: int = 4096  # concurrent requests
+    client_rate: float = 0.0  # requests per second
+    client_burst: int = 0  # bucket size of client_rate; 0: twice the rate
+    client_slots: int = 8192  # bucket pairs the addresses are hashed into
+    trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
     usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
     # x-ratelimit-* headers on answers to rate-limited keys; off saves granian's per-header cost
     rate_limit_headers: bool = field(

@@ -15,6 +15,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",
+    "RequestTimeout",
     "RoutingRefused",
     "ServiceUnavailable",
     "Unauthorized",
@@ -95,6 +96,15 @@ class MethodNotAllowed(GatewayError):
     code = "method_not_allowed"
     openai_type = "invalid_request_error"
     anthropic_type = "invalid_request_error"
+
+
+class RequestTimeout(GatewayError):
+    """The client stopped sending its request body (no byte for the body timeout)."""
+
+    status = 408
+    code = "request_timeout"
+    openai_type = "invalid_request_error"
+    anthropic_type = "timeout_error"
 
 
 class PayloadTooLarge(GatewayError):

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Final, Literal, NamedTuple, NoReturn, Self, TypeAlias
 
 from gateway.protocol import usage as _usage
+from gateway.protocol.json_members import count_top_members
 from gateway.protocol.openai_request import find_model_span
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, TailWindow, Usage
 from gateway.shm.bucket_keys import bucket_key
@@ -61,6 +62,8 @@ __all__ = [
     "parse_usage_c",
     "region_size",
     "ring_region_size",
+    "top_members",
+    "top_members_c",
 ]
 
 PURE_PYTHON: Final = os.environ.get("GATEWAY_PURE_PYTHON", "") not in ("", "0")
@@ -147,6 +150,15 @@ def model_span_c(body: bytes) -> tuple[int, int] | None:
 
 
 model_span: Final = find_model_span if PURE_PYTHON else model_span_c
+
+
+def top_members_c(body: bytes) -> int:
+    """``gateway.protocol.json_members.count_top_members`` in C (``native/json_member.c``)."""
+    members: int = (_lib or _native()).gw_json_top_members(body, len(body))
+    return members
+
+
+top_members: Final = count_top_members if PURE_PYTHON else top_members_c
 
 
 class TailBuffer:

@@ -171,6 +171,12 @@ int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int
  * reads outside data[0, len) whatever the bytes. */
 int gw_json_member_span(const char *data, size_t len, const char *key, size_t key_len, int64_t *out);
 
+/* How many members the top-level object of the JSON text in data[0, len) has as written: the colons at
+ * depth 1 outside strings. Compared with the parsed object's size, it tells a body with a duplicate member
+ * (however its name is spelled: "model" and "\u006dodel" are one name once parsed). For a body already
+ * parsed as a JSON object; never reads outside data[0, len). */
+int64_t gw_json_top_members(const char *data, size_t len);
+
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 
 /* Bytes for `rings` rings (in [1, 4096]) of `slots` slots (a power of two in [2, 2^20]) of `slot_bytes`

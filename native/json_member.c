@@ -8,6 +8,9 @@
  * outside strings. gateway/protocol/openai_request.py (find_model_span) is the reference it follows byte
  * for byte: the last top-level occurrence of the key, spelled without escapes, whose value is a string.
  *
+ * gw_json_top_members counts the top-level object's members as written, so that a body naming one twice
+ * can be refused (gateway/protocol/json_members.py is its reference).
+ *
  * Reads only data[0, len); no allocation, no I/O.
  */
 #include <string.h>
@@ -71,4 +74,26 @@ int gw_json_member_span(const char *data, size_t len, const char *key, size_t ke
         pos = value_end + 1;
     }
     return found;
+}
+
+int64_t gw_json_top_members(const char *data, size_t len) {
+    if (data == NULL) return 0;
+    int64_t depth = 0, members = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        /* Most of a request body is inside strings, which string_end skips with memchr; the bytes
+         * stepped over one by one here are structure, numbers and white space. */
+        char c = data[pos];
+        if (c == '"') {
+            size_t end = string_end(data, len, pos);
+            if (end >= len) return members;
+            pos = end + 1;
+            continue;
+        }
+        if (c == '{' || c == '[') depth++;
+        else if (c == '}' || c == ']') depth--;
+        else if (c == ':' && depth == 1) members++;
+        pos++;
+    }
+    return members;
 }

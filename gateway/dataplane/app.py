@@ -22,24 +22,27 @@ import orjson
 from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
+from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
+from gateway.dataplane.clients import ClientLimiter
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
-from gateway.dataplane.upstream import HOP_BY_HOP, make_client
+from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
     BadRequest,
     Forbidden,
     GatewayError,
     MethodNotAllowed,
     NotFound,
-    PayloadTooLarge,
     RoutingRefused,
     Unauthorized,
 )
 from gateway.keys import hash_secret
+from gateway.native import top_members
 from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
+from gateway.protocol.paths import check_client_path
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
@@ -53,6 +56,7 @@ _JSON = [("content-type", "application/json")]
 # Never forwarded upstream: the client's credentials, connection-level headers, and Accept-Encoding
 # (bytes must arrive uncompressed so usage can be read from them).
 _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+_KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -70,6 +74,7 @@ class ProxyApp:
         accounting: Accounting | None = None,
         stats: tuple[WorkerStats, int] | None = None,
         load: BackendLoad | None = None,
+        clients: ClientLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.accounting = accounting
@@ -79,6 +84,8 @@ class ProxyApp:
         self.draining = False
         self.forwarder: Forwarder | None = None
         self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
+        self.bodies: BodyReader | None = None  # made on the worker's loop
+        self.clients = clients if clients is not None and clients.active else None
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -95,6 +102,15 @@ class ProxyApp:
         self.refresh_snapshot()
         self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down, self.load)
         self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
+        settings = self.settings
+        self.bodies = BodyReader(
+            settings.max_body_bytes,
+            StallWatch(loop, settings.body_timeout),
+            # Room for one body of the largest size at least (charged twice while it arrives: bodies.py).
+            BodyBudget(
+                loop, max(settings.body_buffer_bytes, 2 * settings.max_body_bytes), settings.body_wait
+            ),
+        )
         self._follow_task = loop.create_task(self._follow_snapshots())
         if self.accounting is not None and self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
@@ -109,6 +125,8 @@ class ProxyApp:
             loop.create_task(self.forwarder.client.close())
         if self.disconnects is not None:
             self.disconnects.close()
+        if self.bodies is not None:
+            self.bodies.stalls.close()
 
     def refresh_snapshot(self) -> bool:
         """Swap in the published snapshot if its generation moved. Never raises on a bad document."""
@@ -171,7 +189,11 @@ class ProxyApp:
         if path.startswith("/v1/"):
             self.in_flight += 1
             self.requests += 1
+            clients = self.clients
+            ticket = None
             try:
+                if clients is not None:  # the per-address abuse limiter, before any work for the request
+                    ticket = clients.admit(scope)
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
                 self.refused[exc.status] = self.refused.get(exc.status, 0) + 1
@@ -183,6 +205,11 @@ class ProxyApp:
                 log.warning("%s", exc)
             finally:
                 self.in_flight -= 1
+                if ticket is not None and clients is not None:
+                    clients.finish(ticket)
+                bodies = self.bodies
+                if bodies is not None and bodies.held:  # only while some large body holds room
+                    bodies.release()
             return
         if path == "/healthz":
             snap = self.snapshot
@@ -218,6 +245,9 @@ class ProxyApp:
 
     # -- the request path ---------------------------------------------------------------------------
     async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:
+        unsafe = check_client_path(path)
+        if unsafe is not None:
+            raise BadRequest(unsafe)
         snap = self.snapshot
         headers = scope.headers
         key = self.authenticate(snap, headers)
@@ -310,7 +340,15 @@ class ProxyApp:
         headers = scope.headers
         method: str = scope.method
         qs: str = scope.query_string
-        forwarded = [(k, v) for k, v in headers.items() if k not in _DROP_REQUEST_HEADERS]
+        named = headers.get_all("connection")
+        # Headers the client's Connection header names are hop-by-hop as well (RFC 9110 7.6.1). Clients
+        # send none or "keep-alive", so the usual drop set serves.
+        drop = (
+            _DROP_REQUEST_HEADERS | connection_named(named)
+            if named and named != _KEEP_ALIVE
+            else _DROP_REQUEST_HEADERS
+        )
+        forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
         if path.startswith(_MESSAGES + "/") and path != _COUNT_TOKENS:
             # Message batches and other Messages sub-resources are not proxied: say so in Anthropic's terms
@@ -320,7 +358,7 @@ class ProxyApp:
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
             # Only what the gateway reads is checked here; the rest is the backend's, or the translator's.
-            req = read_messages_head(body, count_tokens=path == _COUNT_TOKENS)
+            req = read_messages_head(body, count_tokens=path == _COUNT_TOKENS, members=top_members)
             info = RequestInfo(req.model, req.stream, False, req.max_tokens or None, None, user=req.user_id)
             return Outgoing(
                 "anthropic",
@@ -354,24 +392,9 @@ class ProxyApp:
         return entry
 
     async def read_body(self, proto: Any, content_length: str | None) -> bytes:
-        limit = self.settings.max_body_bytes
-        if content_length is not None:
-            try:
-                declared = int(content_length)
-            except ValueError:
-                raise BadRequest("invalid Content-Length header") from None
-            if declared > limit:
-                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit}-byte limit")
-            body: bytes = await proto()
-            return body
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in proto:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
-            parts.append(chunk)
-        return b"".join(parts)
+        bodies = self.bodies
+        assert bodies is not None  # made on the worker's loop, before the first request
+        return await bodies.read(proto, content_length)
 
     @staticmethod
     def inspect(body: bytes, content_type: str, method: str, query: str) -> RequestInfo:
@@ -384,7 +407,7 @@ class ProxyApp:
                 if name == "model" and value:
                     return RequestInfo(unquote_plus(value), False, False, None, None)
             raise BadRequest("you must provide a model parameter", param="model")
-        return inspect_json(body)
+        return inspect_json(body, top_members)
 
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
         principal = key.principal

@@ -21,7 +21,7 @@ from gateway.dataplane.dialects import Outgoing, Translation
 from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamResponse
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.tap import ResponseTap
-from gateway.dataplane.upstream import HOP_BY_HOP
+from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayError, UpstreamUnavailable
 from gateway.snapshot import Target
 
@@ -50,7 +50,7 @@ class Attempted:
 
 
 def _response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in resp.headers if k.lower() not in HOP_BY_HOP]
+    return without_hop_by_hop(resp.headers)
 
 
 class BackendHealth:

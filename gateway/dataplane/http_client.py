@@ -30,7 +30,9 @@ from collections.abc import AsyncIterator
 from typing import Final, cast
 from urllib.parse import urlsplit
 
+from gateway.errors import BadRequest
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
+from gateway.protocol.paths import target_is_safe
 
 __all__ = ["UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
 
@@ -431,6 +433,11 @@ class UpstreamClient:
         if base is None:
             base = self._add_base(base_url)
         pool, prefix = base
+        if not target_is_safe(target):
+            # The proxy refuses such paths from clients (gateway.protocol.paths); this keeps every
+            # target, whoever built it, under the backend URL's own path. The caller's error, not the
+            # backend's: BadRequest never counts against a backend's health.
+            raise BadRequest(f"refusing to send {target[:80]!r} upstream: it would leave the backend's path")
         try:
             head = serialize_head(method, prefix + target, pool.host_header, headers, len(body))
         except HTTP1Error as exc:

@@ -14,7 +14,7 @@ import ssl
 
 from gateway.dataplane.http_client import UpstreamClient
 
-__all__ = ["HOP_BY_HOP", "make_client", "make_ssl_context"]
+__all__ = ["HOP_BY_HOP", "connection_named", "make_client", "make_ssl_context", "without_hop_by_hop"]
 
 # Headers that describe one connection, not the message, plus the ones we always set ourselves.
 HOP_BY_HOP = frozenset(
@@ -32,6 +32,22 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
+
+
+def connection_named(values: list[str]) -> frozenset[str]:
+    """The header names (lowercased) that ``Connection`` header values list: RFC 9110 7.6.1 makes them
+    hop-by-hop too, so a proxy drops them with the ``Connection`` header itself ("close" and
+    "keep-alive" are options, and dropping a header of that name is right as well)."""
+    return frozenset(t.strip(" \t").lower() for v in values for t in v.split(",") if t.strip(" \t"))
+
+
+def without_hop_by_hop(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An upstream answer's headers as the client gets them: hop-by-hop ones out, and those its
+    ``Connection`` header names. Engines send ``Connection: keep-alive`` or nothing, so the common case is
+    the one comprehension."""
+    named = [v for k, v in headers if len(k) == 10 and k.lower() == "connection"]
+    drop = HOP_BY_HOP | connection_named(named) if named and named != ["keep-alive"] else HOP_BY_HOP
+    return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
 def make_ssl_context(cafile: str | None = None) -> ssl.SSLContext:

@@ -15,12 +15,14 @@ import asyncio
 import gc
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Coroutine
 from typing import Any
 
-from granian.constants import Interfaces
+from granian.constants import HTTPModes, Interfaces
+from granian.http import HTTP1Settings
 from granian.server.embed import Server
 
 from gateway.config import Settings
@@ -28,6 +30,7 @@ from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.app import ProxyApp
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.clients import ClientLimiter, TrustedProxies
 from gateway.dataplane.limits import Holdings, Limiter
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, UsageRing
@@ -74,7 +77,19 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage)
     stats = WorkerStats(shared.stats)
     load = BackendLoad(table, holdings, stats)
-    app = ProxyApp(settings, hash_key, SnapshotReader(shared.snapshot), accounting, (stats, index), load)
+    clients = ClientLimiter(
+        table,
+        holdings,
+        max_requests=settings.client_max_requests,
+        rate=settings.client_rate,
+        burst=settings.client_burst,
+        slots=settings.client_slots,
+        trusted=TrustedProxies(settings.trusted_proxies),
+    )
+    app = ProxyApp(
+        settings, hash_key, SnapshotReader(shared.snapshot), accounting, (stats, index), load, clients
+    )
+    raise_file_limit(settings.backpressure)
     # Everything alive now (modules, the app, what the fork inherited) lives as long as the worker: move it
     # out of the collector's sight, so that full collections walk only what requests allocate. Measured:
     # without this, full collections cost about a fifth of a small request's throughput.
@@ -84,6 +99,35 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     pin_to_core(settings, index)
     run_loop(settings.event_loop, _serve(settings, app, usage))
     return 0
+
+
+def head_timeout_ms(seconds: float) -> int:
+    """granian's header read timeout for ``--head-timeout``; 0 (or less) turns it off, which hyper does
+    not offer, so it becomes a day."""
+    return int(seconds * 1000) if seconds > 0 else 86_400_000
+
+
+def raise_file_limit(connections: int) -> int:
+    """Raise this worker's soft RLIMIT_NOFILE toward its hard limit so that ``connections`` client sockets
+    (``--backpressure``) plus the upstream ones fit; returns the soft limit now. Below that, accept fails
+    with EMFILE long before granian's cap, and a flood of idle connections starves everyone else."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 4096  # upstream connections, the listener, shared memory, logs
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit to %d: %s", want, exc)
+    if soft != resource.RLIM_INFINITY and soft < connections:
+        log.warning(
+            "open-files limit %d is below --backpressure %d: raise LimitNOFILE (systemd) or ulimit -n",
+            soft,
+            connections,
+        )
+    return soft
 
 
 def pin_to_core(settings: Settings, index: int) -> int | None:
@@ -121,6 +165,12 @@ async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> N
         interface=Interfaces.RSGI,
         backpressure=settings.backpressure,
         backlog=2048,
+        # HTTP/1.1 only: with granian's default (auto, which also takes h2c prior knowledge) a connection
+        # that never sends a byte is never closed; in http1 mode hyper's header read timer runs from
+        # accept, so silent and dribbling connections are both cut at head_timeout. The gateway sits behind
+        # a load balancer or clients that speak HTTP/1.1; h2c is not offered.
+        http=HTTPModes.http1,
+        http1_settings=HTTP1Settings(header_read_timeout=head_timeout_ms(settings.head_timeout)),
         log_enabled=False,
     )
     stopping_since: list[float] = []

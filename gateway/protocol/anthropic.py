@@ -37,6 +37,7 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import BadRequest, GatewayError, anthropic_error_type
+from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -110,9 +111,14 @@ class MessagesHead:
     doc: dict[str, Any]
 
 
-def read_messages_head(body: bytes, *, count_tokens: bool = False) -> MessagesHead:
-    """The fields the gateway routes, admits and meters by, checked; nothing else is looked at."""
-    return _check_head(_decode(body), count_tokens)
+def read_messages_head(
+    body: bytes, *, count_tokens: bool = False, members: MemberCounter = count_top_members
+) -> MessagesHead:
+    """The fields the gateway routes, admits and meters by, checked; nothing else is looked at.
+    ``members`` counts the body's top-level members as written: a member named twice is refused."""
+    doc = _decode(body)
+    refuse_duplicates(body, doc, members)
+    return _check_head(doc, count_tokens)
 
 
 def _check_head(doc: dict[str, Any], count_tokens: bool) -> MessagesHead:
@@ -158,8 +164,10 @@ def _user_id(metadata: Any) -> str | None:
     return user_id
 
 
-def parse_messages_request(body: bytes) -> MessagesRequest:
-    return parse_messages_doc(_decode(body))
+def parse_messages_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
+    doc = _decode(body)
+    refuse_duplicates(body, doc, members)
+    return parse_messages_doc(doc)
 
 
 def parse_messages_doc(doc: dict[str, Any], *, count_tokens: bool = False) -> MessagesRequest:
@@ -433,9 +441,11 @@ def _length(value: Any) -> int:
     return len(value) if isinstance(value, str) else 0
 
 
-def parse_count_tokens_request(body: bytes) -> MessagesRequest:
+def parse_count_tokens_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
     """A ``count_tokens`` body, checked like a Messages request except that it has no ``max_tokens``."""
-    return parse_messages_doc(_decode(body), count_tokens=True)
+    doc = _decode(body)
+    refuse_duplicates(body, doc, members)
+    return parse_messages_doc(doc, count_tokens=True)
 
 
 def count_tokens_estimate(body: bytes) -> int:

@@ -342,8 +342,8 @@ def _parse_head(block: bytes, max_headers: int) -> ResponseHead:
     minor_text, status_text, reason = m.groups()
     minor = int(minor_text)
     status = int(status_text)
-    if status < 100:
-        raise HTTP1Error(f"status {status} is out of range")
+    if not 100 <= status <= 599:  # RFC 9110 15: three digits, 1xx to 5xx; anything else is no answer
+        raise HTTP1Error(f"status {status} is out of range (100-599)")
     headers: list[tuple[str, str]] = _HEADER_LINE.findall(text, eol + 2)
     if len(headers) != text.count("\n") - 1 or " \r\n" in text or "\t\r\n" in text:
         headers = _parse_headers_slowly(text[eol + 2 :])

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from gateway.errors import BadRequest
+from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
 
 __all__ = [
     "RequestInfo",
@@ -34,6 +35,8 @@ __all__ = [
 _STRUCTURE = re.compile(rb'["{}\[\]]')
 _JSON_STRING = re.compile(rb'\s*:\s*("[^"\\]*(?:\\.[^"\\]*)*")')
 _MODEL_KEY = b'"model"'
+# From this size a splice joins views of the body rather than slicing it (small bodies: plain slices).
+_SPLICE_IN_PLACE = 64 * 1024
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true},'
 
 
@@ -52,7 +55,9 @@ class RequestInfo(NamedTuple):
     user: str | None = None  # the "user" member (Anthropic's metadata.user_id): routing rules test it
 
 
-def inspect_json(body: bytes) -> RequestInfo:
+def inspect_json(body: bytes, members: MemberCounter = count_top_members) -> RequestInfo:
+    """The request's routing facts; ``members`` counts the body's top-level members as written (the C
+    counter on the request path), so that a body naming a member twice is refused."""
     if not body:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
@@ -61,6 +66,7 @@ def inspect_json(body: bytes) -> RequestInfo:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
+    refuse_duplicates(body, doc, members)
     model = doc.get("model")
     if model is None:
         raise BadRequest("you must provide a model parameter", param="model")
@@ -181,4 +187,8 @@ def splice_model(
         return orjson.dumps(doc)
     start, end = span
     value = upstream_model.encode() if info.multipart else orjson.dumps(upstream_model)
+    if len(body) > _SPLICE_IN_PLACE:
+        # One copy of a large body (an upload), not three: slices of a memoryview copy nothing.
+        view = memoryview(body)
+        return b"".join((view[:start], value, view[end:]))
     return body[:start] + value + body[end:]

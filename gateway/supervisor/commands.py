@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gateway.cli import add_common_options, port_number, positive_int, settings_from_args
+from gateway.cli import add_common_options, add_edge_options, port_number, positive_int, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.dataplane.limits import HOLD_WORDS
 from gateway.errors import ConfigError
@@ -91,6 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--workers", type=positive_int, help="proxy workers, at least 1 (default: one per core)")
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
+    add_edge_options(p)
     p.add_argument(
         "--backend-cool-down",
         type=float,

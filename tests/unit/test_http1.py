@@ -288,6 +288,8 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
     "four-digit-status": (b"HTTP/1.1 2000 OK\r\n\r\n", "status line"),
     "two-digit-status": (b"HTTP/1.1 20 OK\r\n\r\n", "status line"),
     "status-below-100": (b"HTTP/1.1 099 Low\r\n\r\n", "out of range"),
+    "status-above-599": (b"HTTP/1.1 999 Odd\r\nContent-Length: 0\r\n\r\n", "out of range"),
+    "status-600": (b"HTTP/1.1 600 Odd\r\nContent-Length: 0\r\n\r\n", "out of range"),
     "status-tab": (b"HTTP/1.1\t200 OK\r\n\r\n", "status line"),
     "empty-status-line": (b"\r\n\r\n", "status line"),
     "not-http": (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "status line"),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from gateway import native
 from gateway.errors import BadRequest
 from gateway.protocol.openai_request import (
+    RequestInfo,
     find_model_span,
     inject_stream_usage,
     inspect_json,
@@ -30,7 +31,6 @@ ODD = (
         (ODD, "chat", True, True, None),
         (b'{"max_tokens": 7, "model": "b", "stream": false}', "b", False, False, 7),
         (b'{"max_completion_tokens": 9, "model": "b"}', "b", False, False, 9),
-        (b'{"model":"first","model":"last"}', "last", False, False, None),
     ],
 )
 def test_inspect_json(
@@ -76,8 +76,12 @@ def test_splice_escapes_the_new_name() -> None:
 
 
 def test_splice_last_duplicate_key() -> None:
+    # The proxy refuses such a body (inspect_json); splicing on its own still follows the parser.
     body = b'{"model":"first","model":"last"}'
-    assert splice_model(body, inspect_json(body), "z") == b'{"model":"first","model":"z"}'
+    with pytest.raises(BadRequest, match="more than once"):
+        inspect_json(body)
+    info = RequestInfo("last", False, False, None, None)
+    assert splice_model(body, info, "z") == b'{"model":"first","model":"z"}'
 
 
 def test_splice_escaped_key_falls_back_to_reencoding() -> None:
