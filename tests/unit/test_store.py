@@ -129,7 +129,7 @@ def _raw(settings: Settings) -> sqlite3.Connection | _PgRaw:
 
 
 def _apply(store: Store, doc: ConfigDoc = DOC) -> int:
-    return store.apply_config(doc, hash_key=HASH_KEY, environ=ENV)
+    return store.apply_config(doc, hash_key=HASH_KEY, environ=ENV, actor="test")
 
 
 # --- opening and migrating ----------------------------------------------------------------------------------
@@ -329,9 +329,12 @@ def test_apply_imports_everything_and_bumps_once(store: Store, settings: Setting
         keys=(KeySpec("alice-dev", "alice", None, None, LimitsSpec(concurrent_requests=3)),),
     )
     with _raw(settings) as conn:
-        assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == "secret-b"
+        sealed = conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0]
         (stored,) = conn.execute("SELECT key_hash FROM api_keys").fetchone()
     assert stored == hash_secret(SECRET, HASH_KEY).hex()
+    # The credential is sealed at rest; the snapshot's rows carry it opened.
+    assert sealed.startswith("v1:") and "secret-b" not in sealed
+    assert {row[0]: row[3] for row in store.read_state().backends} == {"a": None, "b": "secret-b"}
 
 
 def test_apply_again_bumps_again_and_keeps_principal_ids(store: Store) -> None:
@@ -343,8 +346,8 @@ def test_apply_again_bumps_again_and_keeps_principal_ids(store: Store) -> None:
 
 def test_apply_removes_what_the_file_no_longer_names(store: Store) -> None:
     _apply(store)
-    cli_key, _ = store.create_key("ops", "ops-cli", None, HASH_KEY)
-    store.create_key("alice", None, None, HASH_KEY)
+    cli_key, _ = store.create_key("ops", "ops-cli", None, HASH_KEY, actor="test")
+    store.create_key("alice", None, None, HASH_KEY, actor="test")
     smaller = parse_config(
         {
             "backends": [{"name": "a", "url": "http://127.0.0.1:8001"}],
@@ -367,7 +370,7 @@ def test_apply_removes_what_the_file_no_longer_names(store: Store) -> None:
 
 def test_file_key_removed_from_file_is_deleted_cli_key_kept(store: Store) -> None:
     _apply(store)
-    cli_key, _ = store.create_key("alice", "alice-cli", None, HASH_KEY)
+    cli_key, _ = store.create_key("alice", "alice-cli", None, HASH_KEY, actor="test")
     _apply(store, replace(DOC, keys=()))
     assert [(k.id, k.managed_by) for k in store.list_keys()] == [(cli_key, "cli")]
 
@@ -387,7 +390,7 @@ def test_file_key_upsert_rotates_hash_and_keeps_it_without_secret(store: Store, 
 
 def test_file_listing_a_cli_key_adopts_it(store: Store) -> None:
     _apply(store)
-    key_id, _ = store.create_key("alice", "adopted", None, HASH_KEY)
+    key_id, _ = store.create_key("alice", "adopted", None, HASH_KEY, actor="test")
     _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("adopted", "alice"))))
     assert {k.id: k.managed_by for k in store.list_keys()}[key_id] == "file"
 
@@ -529,7 +532,7 @@ def test_unreadable_budget_is_a_store_error(store: Store, settings: Settings, sq
 
 def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> None:
     _apply(store)
-    store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7))
+    store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7), actor="test")
     _apply(store)
     assert {k.name: k.limits for k in store.list_keys("ops")} == {"ops-cli": LimitsSpec(7)}
     _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("ops-cli", "ops"))))
@@ -538,7 +541,7 @@ def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> No
 
 def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
     _apply(store)
-    store.revoke_key("alice-dev")
+    store.revoke_key("alice-dev", actor="test")
     _apply(store)
     (key,) = store.list_keys()
     assert key.status() == "revoked"
@@ -563,14 +566,14 @@ def test_failed_apply_changes_nothing(
     _apply(store)
     before = store.config_doc()
     with pytest.raises(ConfigError, match=re.escape(message)):
-        store.apply_config(doc, **kwargs)  # type: ignore[arg-type]
+        store.apply_config(doc, **kwargs, actor="test")  # type: ignore[arg-type]
     assert store.revision() == 1
     assert store.config_doc() == before
 
 
 def test_imported_secret_equal_to_a_stored_key_conflicts(store: Store) -> None:
     _apply(store)
-    _, cli_secret = store.create_key("ops", "ops-cli", None, HASH_KEY)
+    _, cli_secret = store.create_key("ops", "ops-cli", None, HASH_KEY, actor="test")
     with pytest.raises(StoreConflict, match="already used by key"):
         _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("clash", "ops", cli_secret))))
     assert store.revision() == 2
@@ -587,7 +590,7 @@ def test_file_key_may_take_over_the_secret_of_a_key_it_removes(store: Store) -> 
 
 def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> None:
     _apply(store)
-    key_id, secret = store.create_key("ops", "ops-1", None, HASH_KEY)
+    key_id, secret = store.create_key("ops", "ops-1", None, HASH_KEY, actor="test")
     assert secret.startswith("sk-gw-")
     assert store.revision() == 2
     with _raw(settings) as conn:
@@ -604,7 +607,7 @@ def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> No
 )
 def test_create_key_with_limits(store: Store, limits: LimitsSpec | None) -> None:
     _apply(store)
-    key_id, _ = store.create_key("ops", None, None, HASH_KEY, limits)
+    key_id, _ = store.create_key("ops", None, None, HASH_KEY, limits, actor="test")
     expected = None if limits is None or limits.is_empty() else limits
     assert {k.id: k.limits for k in store.list_keys("ops")} == {key_id: expected}
 
@@ -629,29 +632,29 @@ def test_create_key_errors(
 ) -> None:
     _apply(store)
     with pytest.raises(error, match=message):
-        store.create_key(principal, name, None, HASH_KEY, limits)
+        store.create_key(principal, name, None, HASH_KEY, limits, actor="test")
     assert store.revision() == 1
 
 
 def test_revoke_by_id_and_by_name_bumps_once(store: Store) -> None:
     _apply(store)
-    key_id, _ = store.create_key("ops", "ops-1", None, HASH_KEY)
-    store.revoke_key(key_id)
+    key_id, _ = store.create_key("ops", "ops-1", None, HASH_KEY, actor="test")
+    store.revoke_key(key_id, actor="test")
     assert store.revision() == 3
-    store.revoke_key(key_id)  # already revoked: nothing changes
+    store.revoke_key(key_id, actor="test")  # already revoked: nothing changes
     assert store.revision() == 3
-    store.revoke_key("alice-dev")
+    store.revoke_key("alice-dev", actor="test")
     assert store.revision() == 4
     assert {k.name: k.status() for k in store.list_keys()} == {"ops-1": "revoked", "alice-dev": "revoked"}
     with pytest.raises(ConfigError, match="no key with id or name 'nope'"):
-        store.revoke_key("nope")
+        store.revoke_key("nope", actor="test")
 
 
 def test_list_keys_filters_and_reports_expiry(store: Store) -> None:
     _apply(store)
     past = time.time() - 10
-    expired_id, _ = store.create_key("ops", "old", past, HASH_KEY)
-    live_id, _ = store.create_key("ops", None, time.time() + 3600, HASH_KEY)
+    expired_id, _ = store.create_key("ops", "old", past, HASH_KEY, actor="test")
+    live_id, _ = store.create_key("ops", None, time.time() + 3600, HASH_KEY, actor="test")
     ops = store.list_keys("ops")
     assert [(k.id, k.status()) for k in ops] == [(expired_id, "expired"), (live_id, "active")]
     assert ops[0].expires_at == past
