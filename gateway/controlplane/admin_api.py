@@ -467,6 +467,7 @@ class AdminApi:
             raise BadRequest("format must be json or csv", param="format")
         try:
             rows = self.ctx.store.usage.summary(start, end, by, bucket)
+            purged_before = self.ctx.store.usage.purged_before()
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
         groups = usage_groups(rows)
@@ -474,7 +475,10 @@ class AdminApi:
             disposition = f'attachment; filename="usage-by-{by}.csv"'
             headers = [("content-type", "text/csv; charset=utf-8"), ("content-disposition", disposition)]
             return 200, headers, _usage_csv(by, groups).encode()
-        return _ok({"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups})
+        answer = {"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups}
+        if start < purged_before:  # usage retention purged records of this range: say what is whole
+            answer["complete_since"] = purged_before
+        return _ok(answer)
 
     def budgets(self, *_: Any) -> Reply:
         try:
