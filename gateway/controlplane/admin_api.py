@@ -343,6 +343,7 @@ class AdminApi:
     def principals(self, *_: Any) -> Reply:
         try:
             rows = self.ctx.store.principals()
+            owners = self.ctx.store.owners()
         except StoreError:
             return self._from_snapshot("principals")
         return _ok(
@@ -357,6 +358,7 @@ class AdminApi:
                     "budget": None
                     if p.budget is None
                     else {"period": p.budget.period, "tokens": p.budget.tokens, "cost": p.budget.cost},
+                    "owner": owners.get(("principals", p.name), STORE_OWNER),
                 }
                 for p in rows
             ]

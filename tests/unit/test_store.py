@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 
@@ -26,7 +27,9 @@ from gateway.controlplane.configfile import (
     RoleSpec,
     parse_config,
 )
+from gateway.controlplane.retention import purge
 from gateway.controlplane.store import (
+    OwnershipConflict,
     SqliteDriver,
     Store,
     StoreConflict,
@@ -550,8 +553,13 @@ def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
 @pytest.mark.parametrize(
     ("doc", "kwargs", "message"),
     [
-        (DOC, {"environ": {}}, "backends[1].api_key_env: environment variable B_KEY is not set"),
-        (DOC, {"environ": {"B_KEY": ""}}, "B_KEY is not set"),
+        # A file must resolve its variables (an API write resending the stored reference need not).
+        (
+            DOC,
+            {"environ": {}, "owner": "file:/x.toml"},
+            "backends[1].api_key_env: environment variable B_KEY",
+        ),
+        (DOC, {"environ": {"B_KEY": ""}, "owner": "file:/x.toml"}, "B_KEY is not set"),
         (DOC, {"environ": ENV, "hash_key": None}, "a hash key is needed"),
         (
             replace(DOC, keys=(KeySpec("never-created", "alice"),)),
@@ -675,3 +683,125 @@ def test_second_connection_sees_commits(settings: Settings) -> None:
         _apply(writer)
         assert reader.revision() == 1
         assert len(reader.list_keys()) == 1
+
+
+# --- ownership, audit, credentials, retention (issue 20) ----------------------------------------------------
+
+FILE = "file:/etc/gateway/gateway.toml"
+
+
+def test_a_file_owns_what_it_declares_and_leaves_the_store_s_entries(store: Store) -> None:
+    store.apply_config(DOC, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    extra = PrincipalSpec("erin", ("user",))
+    doc = store.config_doc()
+    store.apply_config(replace(doc, principals=(*doc.principals, extra)), actor="ops (key k)")
+    assert store.owners()[("principals", "alice")] == FILE and ("principals", "erin") not in store.owners()
+    # The file drops ops: ops goes (the file owned it), erin stays (the store's), alice is the file's.
+    fewer = replace(DOC, principals=DOC.principals[:1])
+    store.apply_config(fewer, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    assert [p.name for p in store.principals()] == ["alice", "erin"]
+    changes = store.audit_log(1)[0]
+    assert (changes.actor, changes.action, changes.target) == (FILE, "config.apply", FILE)
+    assert orjson.loads(changes.after or "") == {"removed": {"principals": ["ops"]}}
+    # A file that declares a store entry takes it over; the audit entry says whose it became.
+    store.apply_config(
+        replace(fewer, principals=(*fewer.principals, extra)),
+        actor=FILE,
+        owner=FILE,
+        hash_key=HASH_KEY,
+        environ=ENV,
+    )
+    assert store.owners()[("principals", "erin")] == FILE
+    assert orjson.loads(store.audit_log(1)[0].after or "") == {"owner_changed": {"principals": ["erin"]}}
+
+
+def test_the_store_may_not_change_or_remove_what_a_file_owns(store: Store) -> None:
+    store.apply_config(DOC, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    doc = store.config_doc()
+    revision = store.revision()
+    changed = replace(doc, principals=(replace(doc.principals[0], roles=("admin",)), *doc.principals[1:]))
+    with pytest.raises(OwnershipConflict, match="principals/alice is owned by the config file /etc/gateway"):
+        store.apply_config(changed, actor="ops")
+    with pytest.raises(OwnershipConflict, match="cannot be removed"):
+        store.apply_config(replace(doc, principals=doc.principals[1:]), actor="ops")
+    # The document as the API shows it (credentials left out) applies without changing anything.
+    store.apply_config(doc, actor="ops")
+    assert store.revision() == revision + 1
+    assert orjson.loads(store.audit_log(1)[0].after or "") == {}
+    assert OwnershipConflict.status == 409
+
+
+def test_credentials_are_sealed_write_only_and_rotatable(store: Store, settings: Settings) -> None:
+    inline = replace(DOC.backends[0], api_key="sk-inline-credential")
+    _apply(store, replace(DOC, backends=(inline, DOC.backends[1])))
+    with _raw(settings) as conn:
+        rows = conn.execute("SELECT name, api_key FROM backends ORDER BY name").fetchall()
+    assert all(str(v).startswith("v1:") for _, v in rows) and "sk-inline" not in str(rows)
+    assert [b.api_key for b in store.config_doc().backends] == [None, None]
+    shown = store.backend_credentials()
+    assert (shown["a"].source, shown["b"].source) == ("inline", "env:B_KEY")
+    assert len(shown["a"].fingerprint) == 8
+    # Applying what the API shows (no credential) keeps the stored one; so does the next rebuild.
+    store.apply_config(store.config_doc(), actor="ops", environ=ENV)
+    assert {r[0]: r[3] for r in store.read_state().backends} == {"a": "sk-inline-credential", "b": "secret-b"}
+    # Rotation: re-sealed with a new key, same fingerprints, still readable.
+    assert store.vault is not None
+    new = store.vault.with_current(bytes(range(1, 33)))
+    assert store.seal_credentials(new, actor="cli:root") == 2
+    assert store.backend_credentials() == shown
+    assert {r[0]: r[3] for r in store.read_state().backends} == {"a": "sk-inline-credential", "b": "secret-b"}
+    # A store opened without the new key cannot open them: the snapshot builder skips such backends.
+    with open_store(settings) as other:
+        assert all(r[3] is not None and not isinstance(r[3], str) for r in other.read_state().backends)
+
+
+def test_credentials_stored_in_the_clear_by_older_versions_are_sealed_on_open(settings: Settings) -> None:
+    with open_store(settings) as store:
+        _apply(store)
+    with _raw(settings) as conn:
+        conn.execute("UPDATE backends SET api_key = 'sk-legacy-plain' WHERE name = 'a'")
+        if isinstance(conn, sqlite3.Connection):
+            conn.commit()
+    with open_store(settings) as store:
+        assert {r[0]: r[3] for r in store.read_state().backends}["a"] == "sk-legacy-plain"
+        assert store.audit_log(1)[0].action == "secrets.seal"
+    with _raw(settings) as conn:
+        value = conn.execute("SELECT api_key FROM backends WHERE name = 'a'").fetchone()[0]
+    assert value.startswith("v1:")
+
+
+def test_key_writes_are_audited_by_name(store: Store) -> None:
+    _apply(store)
+    key_id, _ = store.create_key("ops", "ops-admin", None, HASH_KEY, actor="cli:root")
+    store.revoke_key(key_id, actor="cli:root")
+    store.revoke_key(key_id, actor="cli:root")  # already revoked: nothing changes, nothing is audited
+    revoke, create = store.audit_log(2)
+    assert (create.actor, create.action, create.target) == ("cli:root", "key.create", "keys/ops-admin")
+    assert (revoke.action, revoke.target) == ("key.revoke", "keys/ops-admin")
+    assert orjson.loads(revoke.after or "") == {"id": key_id, "name": "ops-admin", "principal": "ops"}
+    assert len(store.audit_log(100)) == 3  # and the apply's
+
+
+def test_prune_keeps_what_a_budget_window_counts(store: Store) -> None:
+    budgeted = replace(DOC.principals[0], budget=BudgetSpec("day", 1000, None))
+    _apply(store, replace(DOC, principals=(budgeted, *DOC.principals[1:])))
+    day = 86400.0
+    now = 1_800_000_000.0 // day * day + 12 * 3600  # noon of a day
+    old = [_usage(i)._replace(ts=now - day * 40 - i) for i in range(5)]
+    today = [_usage(10 + i)._replace(ts=now - 3600 * (i + 1)) for i in range(3)]
+    store.usage.insert(old + today)
+    spend_before = store.usage.spend(now - 12 * 3600, now + day)
+    # Retention of 0.01 days would reach into today's window: the budget's window start holds it back.
+    rows, cutoff, held = purge(store, 0.01, "cli:root", now=now)
+    assert (rows, held) == (5, now - 12 * 3600) and cutoff == held
+    assert store.usage.spend(now - 12 * 3600, now + day) == spend_before
+    assert {r.request_id for r in store.usage.records()} == {f"req-{10 + i}" for i in range(3)}
+    assert store.usage.purged_before() == cutoff
+    entry = store.audit_log(1)[0]
+    assert (entry.action, orjson.loads(entry.after or "")["rows"]) == ("usage.purge", 5)
+    # Batches: one call deletes at most its batch, the oldest first.
+    store.usage.insert([_usage(20 + i)._replace(ts=now - day * 50 - i) for i in range(7)])
+    assert store.usage.prune(cutoff, 3) == 3
+    assert store.usage.purged_before() == cutoff  # never moves back
+    assert store.usage.prune(cutoff, 3) == 3 and store.usage.prune(cutoff, 3) == 1
+    assert store.usage.prune(cutoff, 3) == 0

@@ -286,9 +286,17 @@ class Store:
         ``hash_key`` is needed when a key carries a ``secret``; ``environ`` (default ``os.environ``)
         resolves ``api_key_env``; ``api_key_file`` is read here. Nothing is written when any of that fails.
         """
-        cfg = replace(
-            cfg, backends=tuple(self._resolve_credential(i, b, environ) for i, b in enumerate(cfg.backends))
-        )
+        unresolved: dict[str, ConfigError] = {}
+        resolved: list[BackendSpec] = []
+        for i, b in enumerate(cfg.backends):
+            try:
+                resolved.append(self._resolve_credential(i, b, environ))
+            except ConfigError as exc:
+                if owner != STORE_OWNER:
+                    raise
+                unresolved[b.name] = exc  # unless the store holds the credential this reference gave
+                resolved.append(b)
+        cfg = replace(cfg, backends=tuple(resolved))
         key_hashes: dict[str, str] = {}
         for k in cfg.keys:
             if k.secret is not None:
@@ -302,21 +310,24 @@ class Store:
                 (r[0], r[1]): str(r[2]) for r in tx.query("SELECT kind, name, owner FROM config_owners")
             }
             if owner == STORE_OWNER:
-                # Credentials are write-only: an entry sent back without one (as the API shows it) keeps
-                # the stored one.
+                # Credentials are write-only: an entry sent back as the API shows it (no credential, or
+                # the same variable or file as stored, which this process may not see) keeps the stored one.
                 stored = {b.name: b for b in current.backends}
-                cfg = replace(
-                    cfg,
-                    backends=tuple(
-                        _with_credential(b, stored[b.name])
-                        if b.name in stored
-                        and b.api_key is None
-                        and b.api_key_env is None
-                        and b.api_key_file is None
-                        else b
-                        for b in cfg.backends
-                    ),
-                )
+                kept: list[BackendSpec] = []
+                for b in cfg.backends:
+                    old = stored.get(b.name)
+                    same_source = old is not None and (b.api_key_env, b.api_key_file) in (
+                        (None, None),
+                        (old.api_key_env, old.api_key_file),
+                    )
+                    if old is not None and b.name in unresolved and same_source:
+                        b = replace(b, api_key=old.api_key)
+                    elif b.name in unresolved:
+                        raise unresolved[b.name]
+                    elif old is not None and b.api_key is None and b.api_key_env is None and same_source:
+                        b = _with_credential(b, old)
+                    kept.append(b)
+                cfg = replace(cfg, backends=tuple(kept))
             merged, owners_after = merge(current, owners_before, cfg, owner)
             # The result must hold together as a file would: a file may not remove a role that a
             # store-owned principal still names, say.
@@ -393,7 +404,9 @@ class Store:
                 [(kind, name, by) for (kind, name), by in sorted(owners_after.items())],
             )
             if entry is None:
-                changes = diff(current, merged, owners_before, owners_after)
+                # Against the state as stored (ordered, secrets left out), not the document as sent.
+                after = self._config_doc_in(tx, credentials=True)
+                changes = diff(current, after, owners_before, owners_after)
                 before_text: str | None = None
                 after_text: str | None = _json(changes)
             else:
