@@ -111,10 +111,6 @@ class Caller:
     permissions: frozenset[str]
     session: str | None = None  # the session token's hash, when the caller came with a session cookie
 
-    @property
-    def actor(self) -> str:
-        return f"{self.principal} (key {self.key_id})"
-
     def holds(self, permission: str) -> bool:
         return permission in self.permissions or (
             permission == "config:read" and "config:write" in self.permissions
