@@ -51,7 +51,7 @@ from gateway.controlplane.credentials import CredentialError, Vault, is_sealed
 from gateway.controlplane.routing_config import routing_from_rows, routing_rows
 from gateway.controlplane.store._driver import Driver, Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
-from gateway.controlplane.store._ownership import STORE_OWNER, diff, merge
+from gateway.controlplane.store._ownership import KINDS, STORE_OWNER, diff, merge
 from gateway.controlplane.store._usage import UsageStore
 from gateway.errors import ConfigError
 from gateway.keys import generate_secret, hash_secret
@@ -330,8 +330,10 @@ class Store:
                 cfg = replace(cfg, backends=tuple(kept))
             merged, owners_after = merge(current, owners_before, cfg, owner)
             # The result must hold together as a file would: a file may not remove a role that a
-            # store-owned principal still names, say.
-            _validate(merged, "the configuration" if owner == STORE_OWNER else owner[5:])
+            # store-owned principal still names, say. A result of the document's entries alone was
+            # checked when it was parsed (and the check costs as much as the rest of a large apply).
+            if _mixed(cfg, merged):
+                _validate(merged, "the configuration" if owner == STORE_OWNER else owner[5:])
             sealed = self._seal_backends(tx, merged.backends)
             cfg = merged
             # Link tables are rebuilt wholesale; entities are upserted so that unchanged rows keep their
@@ -978,6 +980,13 @@ def _credential(name: str, value: object) -> str | None:
 def _with_credential(b: BackendSpec, stored: BackendSpec) -> BackendSpec:
     return replace(
         b, api_key=stored.api_key, api_key_env=stored.api_key_env, api_key_file=stored.api_key_file
+    )
+
+
+def _mixed(doc: ConfigDoc, merged: ConfigDoc) -> bool:
+    """Whether ``merged`` holds entries ``doc`` does not (other owners')."""
+    return merged.fallback != doc.fallback or any(
+        len(getattr(merged, kind)) != len(getattr(doc, kind)) for kind in KINDS
     )
 
 
