@@ -753,6 +753,14 @@ def test_credentials_are_sealed_write_only_and_rotatable(store: Store, settings:
     # A store opened without the new key cannot open them: the snapshot builder skips such backends.
     with open_store(settings) as other:
         assert all(r[3] is not None and not isinstance(r[3], str) for r in other.read_state().backends)
+        # Other writes still work and keep such a credential sealed as it is; giving it again re-seals it.
+        with _raw(settings) as conn:
+            sealed_b = conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0]
+        again = replace(DOC.backends[0], api_key="sk-given-again")
+        other.apply_config(replace(other.config_doc(), backends=(again, DOC.backends[1])), actor="ops")
+        with _raw(settings) as conn:
+            assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == sealed_b
+        assert {r[0]: r[3] for r in other.read_state().backends}["a"] == "sk-given-again"
 
 
 def test_credentials_stored_in_the_clear_by_older_versions_are_sealed_on_open(settings: Settings) -> None:

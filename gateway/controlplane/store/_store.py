@@ -456,11 +456,19 @@ class Store:
                     "backend credentials need the secrets key, which this store was opened without"
                 )
             old = stored.get(b.name)
-            if old is not None and isinstance(old[0], str) and self._open(b.name, old[0]) == b.api_key:
+            if b.api_key is CREDENTIAL_UNREADABLE and old is not None:
+                out[b.name] = (old[0], old[1])  # kept sealed as it is: see _credential
+            elif old is not None and isinstance(old[0], str) and self._opens_to(b.name, old[0], b.api_key):
                 out[b.name] = (old[0], old[1])
             else:
                 out[b.name] = (self.vault.seal(b.api_key, b.name), self.vault.fingerprint(b.api_key))
         return out
+
+    def _opens_to(self, name: str, sealed: str, plaintext: str) -> bool:
+        try:
+            return self._open(name, sealed) == plaintext
+        except CredentialError:
+            return False
 
     def _open(self, name: str, sealed: str) -> str:
         if self.vault is None:
@@ -889,7 +897,7 @@ class Store:
 
     def _config_doc_in(self, tx: Transaction, *, credentials: bool) -> ConfigDoc:
         """``config_doc`` within ``tx``; ``credentials``: with each backend's credential opened (for the
-        apply that merges into it, never shown). A credential that does not open fails the apply."""
+        apply that merges into it, never shown); one that does not open is ``CREDENTIAL_UNREADABLE``."""
         st = self._state_in(tx)
         files = {r[0]: r[1] for r in tx.query("SELECT name, api_key_file FROM backends")}
         pm_backends: dict[str, list[ProviderBackend]] = {}
@@ -968,13 +976,10 @@ class Store:
         )
 
 
-def _credential(name: str, value: object) -> str | None:
-    if value is CREDENTIAL_UNREADABLE:
-        raise CredentialError(
-            f"backend {name!r}: its stored credential does not open with the secrets key at hand "
-            "(restore the key, or give the backend its credential again)"
-        )
-    return value if isinstance(value, str) else None
+def _credential(name: str, value: object) -> Any:
+    """A stored credential for the merge: opened, or ``CREDENTIAL_UNREADABLE``, which an apply that does
+    not give the backend a new one keeps as it is stored (a lost key must not cost every other write)."""
+    return value if isinstance(value, str) or value is CREDENTIAL_UNREADABLE else None
 
 
 def _with_credential(b: BackendSpec, stored: BackendSpec) -> BackendSpec:
