@@ -726,6 +726,8 @@ def openapi_document() -> dict[str, Any]:
                 "503": {"description": "the store is unavailable (writes)"},
             },
         }
+        if (r.kind and r.method in ("PUT", "DELETE")) or r.handler == "put_config":
+            op["responses"]["409"] = {"description": "the entry is owned by a config file (owned_by_file)"}
         if r.permission:
             op["x-permission"] = r.permission
             op["security"] = [{"adminKey": []}]
