@@ -518,7 +518,7 @@ def test_pattern_aliases_map_the_names_a_client_picks(settings: Settings) -> Non
     """One entry (``claude-*``) for every name Claude Code asks for; exact names win, then the most
     specific pattern; a matched name is authorised, priced and routed as its alias."""
     with open_store(settings) as s:
-        s.apply_config(PATTERN_DOC, hash_key=HASH_KEY, environ={})
+        s.apply_config(PATTERN_DOC, hash_key=HASH_KEY, environ={}, actor="test")
         doc = build_snapshot_doc(s)
     assert list(doc["alias_patterns"]) == ["claude-*-haiku-*", "claude-haiku-*", "claude-*"]
     assert not any("*" in name for name in doc["routes"])
