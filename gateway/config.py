@@ -77,6 +77,12 @@ class Settings:
     log_level: str = "info"
     log_format: str = "text"  # text | json (one JSON object per line, for journald and log shippers)
     access_log: bool = False  # one JSON line per forwarded request on stdout, written by the control slot
+    # Usage records older than this many days are purged by the control worker (0: kept forever); never
+    # those inside a budget's current window (controlplane/retention.py).
+    usage_retention_days: float = field(
+        default_factory=lambda: float(os.environ.get("GATEWAY_USAGE_RETENTION_DAYS") or 0)
+    )
+    usage_purge_interval: float = 300.0  # seconds between the control worker's retention checks
 
     @property
     def sqlite_path(self) -> Path:

@@ -58,7 +58,7 @@ def snapshot_figures(sizes: list[int]) -> list[str]:
     rows = ["| keys | build ms | document KiB | decode ms (per proxy worker) |", "|---:|---:|---:|---:|"]
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp, open_store(Settings(data_dir=Path(tmp))) as store:
-            store.apply_config(parse_config(CONFIG, "bench"))
+            store.apply_config(parse_config(CONFIG, "bench"), actor="test")
             fill_keys(store, n)
             started = time.perf_counter()
             blob = orjson.dumps(build_snapshot_doc(store))

@@ -34,8 +34,11 @@ session's CSRF token (``csrf_token`` in the login and whoami answers) in ``x-csr
 other sites' requests from carrying the cookie, but not a sibling host's of the same site. Bearer callers
 carry no ambient credential and are exempt, and so is logout, which can only end the session.
 
-Writes go to the store in one transaction together with their audit entry (who, what, when, before and
-after); when the store is down they fail closed with 503.
+Writes go to the store in one transaction together with their audit entry (who: the principal and the
+key's name; what, when, and the entries changed); when the store is down they fail closed with 503.
+Logins and logouts are audited too. Entries a config file owns (``owner`` in the entity listings) are
+read-only here: changing or removing one answers 409 naming the file (see ``store._ownership``).
+Backend credentials are write-only: listings show where each came from and a fingerprint, never it.
 Principal and key listings fall back to the last snapshot when the store is down (``x-gateway-source:
 snapshot``). Errors use the OpenAI envelope. I/O: the store.
 """
@@ -64,7 +67,14 @@ from gateway.controlplane.configfile import (
 )
 from gateway.controlplane.dry_run import SnapshotCache, dry_run
 from gateway.controlplane.spend import budget_report, usage_groups
-from gateway.controlplane.store import MANAGED_BY_API, AuditEntry, Store, StoreError
+from gateway.controlplane.store import (
+    MANAGED_BY_API,
+    STORE_OWNER,
+    OwnershipConflict,
+    Store,
+    StoreError,
+    describe_owner,
+)
 from gateway.controlplane.usage_commands import since_arg
 from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from gateway.keys import hash_secret
@@ -100,10 +110,6 @@ class Caller:
     key_id: str
     permissions: frozenset[str]
     session: str | None = None  # the session token's hash, when the caller came with a session cookie
-
-    @property
-    def actor(self) -> str:
-        return f"{self.principal} (key {self.key_id})"
 
     def holds(self, permission: str) -> bool:
         return permission in self.permissions or (
@@ -285,6 +291,15 @@ class AdminApi:
             raise Forbidden("this key's principal holds no admin permission")
         return Caller(entry["principal"], principal["name"], str(entry["id"]), perms)
 
+    def _actor(self, caller: Caller) -> str:
+        """Who a write is audited as: the principal and the name of the key it came with (the key's id
+        when it has no name). The name is read at write time: writes need the store anyway."""
+        try:
+            name = self.ctx.store.key_name(caller.key_id)
+        except StoreError:
+            name = None
+        return f"{caller.principal} (key {name or caller.key_id})"
+
     # -- handlers: (caller, path params, query, body) -> reply ----------------------------------------
     def login(self, _caller: None, _params: dict[str, str], _query: Any, body: bytes) -> Reply:
         secret = _json_object(body).get("key")
@@ -295,6 +310,7 @@ class AdminApi:
         expires = _write(
             lambda: self.ctx.store.create_session(self._token_hash(token), caller.key_id, SESSION_TTL)
         )
+        _write(lambda: self.ctx.store.audit(self._actor(caller), "session.open", "admin-ui"))
         cookie = (
             f"{SESSION_COOKIE}={token}; Path=/admin; HttpOnly; SameSite=Strict; Max-Age={int(SESSION_TTL)}"
         )
@@ -310,6 +326,7 @@ class AdminApi:
         session = caller.session
         if session is not None:
             _write(lambda: self.ctx.store.end_session(session))
+            _write(lambda: self.ctx.store.audit(self._actor(caller), "session.close", "admin-ui"))
         cookie = f"{SESSION_COOKIE}=; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=0"
         return 200, [*_JSON, ("set-cookie", cookie)], orjson.dumps({"logged_out": session is not None})
 
@@ -322,6 +339,7 @@ class AdminApi:
     def principals(self, *_: Any) -> Reply:
         try:
             rows = self.ctx.store.principals()
+            owners = self.ctx.store.owners()
         except StoreError:
             return self._from_snapshot("principals")
         return _ok(
@@ -336,6 +354,7 @@ class AdminApi:
                     "budget": None
                     if p.budget is None
                     else {"period": p.budget.period, "tokens": p.budget.tokens, "cost": p.budget.cost},
+                    "owner": owners.get(("principals", p.name), STORE_OWNER),
                 }
                 for p in rows
             ]
@@ -382,12 +401,16 @@ class AdminApi:
             except ValueError as exc:
                 raise BadRequest(f"expires_at {exc}", param="expires_at") from None
         limits = _limits_arg(doc.get("limits"))
-        audit = AuditEntry(
-            caller.actor, "key.create", "", None, orjson.dumps({k: v for k, v in doc.items()}).decode()
-        )
+        actor = self._actor(caller)
         key_id, secret = _write(
             lambda: self.ctx.store.create_key(
-                principal, name, expires_at, self.ctx.hash_key, limits, audit, managed_by=MANAGED_BY_API
+                principal,
+                name,
+                expires_at,
+                self.ctx.hash_key,
+                limits,
+                managed_by=MANAGED_BY_API,
+                actor=actor,
             )
         )
         return (
@@ -397,8 +420,8 @@ class AdminApi:
         )
 
     def revoke_key(self, caller: Caller, params: dict[str, str], *_: Any) -> Reply:
-        audit = AuditEntry(caller.actor, "key.revoke", "", None, None)
-        key_id = _write(lambda: self.ctx.store.revoke_key(params["key"], audit))
+        actor = self._actor(caller)
+        key_id = _write(lambda: self.ctx.store.revoke_key(params["key"], actor=actor))
         return _ok({"id": key_id, "revoked": True})
 
     def get_config(self, *_: Any) -> Reply:
@@ -414,14 +437,11 @@ class AdminApi:
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise BadRequest(f"body is not TOML: {exc}") from None
         cfg = parse_config(data, "body")
+        actor = self._actor(caller)
         store = self.ctx.store
-
-        def apply() -> int:
-            before = dump_config(store.config_doc())
-            audit = AuditEntry(caller.actor, "config.apply", "config", before, dump_config(cfg))
-            return store.apply_config(cfg, hash_key=self.ctx.hash_key, audit=audit)
-
-        return _ok({"revision": _write(apply)})
+        return _ok(
+            {"revision": _write(lambda: store.apply_config(cfg, actor=actor, hash_key=self.ctx.hash_key))}
+        )
 
     def usage(
         self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes
@@ -445,6 +465,7 @@ class AdminApi:
             raise BadRequest("format must be json or csv", param="format")
         try:
             rows = self.ctx.store.usage.summary(start, end, by, bucket)
+            purged_before = self.ctx.store.usage.purged_before()
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
         groups = usage_groups(rows)
@@ -452,7 +473,10 @@ class AdminApi:
             disposition = f'attachment; filename="usage-by-{by}.csv"'
             headers = [("content-type", "text/csv; charset=utf-8"), ("content-disposition", disposition)]
             return 200, headers, _usage_csv(by, groups).encode()
-        return _ok({"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups})
+        answer = {"since": start, "until": end, "by": by, "bucket": bucket_name, "groups": groups}
+        if start < purged_before:  # usage retention purged records of this range: say what is whole
+            answer["complete_since"] = purged_before
+        return _ok(answer)
 
     def budgets(self, *_: Any) -> Reply:
         try:
@@ -483,23 +507,43 @@ class AdminApi:
     # file format documents), edited, validated whole by the same parser as a file, and applied in one
     # transaction with its audit entry. So every rule a file obeys holds here too (a backend still named
     # by a provider model cannot be removed, a principal must name existing roles, ...).
+    # Listings add read-only fields (who owns the entry; where a backend's credential came from and its
+    # fingerprint), which a PUT may send back and which are dropped before parsing.
     def _config_tables(self) -> dict[str, Any]:
         try:
             return tomllib.loads(dump_config(self.ctx.store.config_doc()))
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
 
+    def _shown(self, kind: str) -> list[dict[str, Any]]:
+        store = self.ctx.store
+        try:
+            items: list[dict[str, Any]] = self._config_tables().get(kind, [])
+            owners = store.owners()
+            credentials = store.backend_credentials() if kind == "backends" else {}
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        for item in items:
+            item["owner"] = owners.get((kind, item["name"]), STORE_OWNER)
+            credential = credentials.get(item["name"])
+            if credential is not None:
+                item["api_key_source"] = credential.source
+                item["api_key_fingerprint"] = credential.fingerprint
+        return items
+
     def entity_list(self, _caller: Caller, params: dict[str, str], *_: Any) -> Reply:
-        return _ok(self._config_tables().get(params["kind"], []))
+        return _ok(self._shown(params["kind"]))
 
     def entity_get(self, _caller: Caller, params: dict[str, str], *_: Any) -> Reply:
-        for item in self._config_tables().get(params["kind"], []):
+        for item in self._shown(params["kind"]):
             if item.get("name") == params["name"]:
                 return _ok(item)
         raise NotFound(f"no {params['kind']} entry named {params['name']!r}")
 
     def entity_put(self, caller: Caller, params: dict[str, str], _query: Any, body: bytes) -> Reply:
         item = _json_object(body)
+        for shown in _READ_ONLY_FIELDS:
+            item.pop(shown, None)
         if item.get("name", params["name"]) != params["name"]:
             raise BadRequest("the body's name differs from the one in the path", param="name")
         item["name"] = params["name"]
@@ -509,7 +553,16 @@ class AdminApi:
         return self._edit(caller, params["kind"], params["name"], None)
 
     def _edit(self, caller: Caller, kind: str, name: str, item: dict[str, Any] | None) -> Reply:
+        actor = self._actor(caller)
+
         def apply() -> tuple[int, int]:
+            store = self.ctx.store
+            owner = store.owners().get((kind, name), STORE_OWNER)
+            if owner != STORE_OWNER:  # the store refuses it too; this names the one entry asked about
+                raise OwnershipConflict(
+                    f"{kind}/{name} is owned by {describe_owner(owner)}: edit that file and reload it "
+                    "(SIGHUP or `gateway apply`); entries made here are the store's and survive reloads"
+                )
             tables = self._config_tables()
             section = tables.setdefault(kind, [])
             before = next((i for i in section if i.get("name") == name), None)
@@ -518,16 +571,15 @@ class AdminApi:
             kept = [i for i in section if i.get("name") != name]
             tables[kind] = kept if item is None else [*kept, item]
             cfg = parse_config(tables, kind)
-            audit = AuditEntry(
-                caller.actor,
-                f"{kind}.{'delete' if item is None else 'put'}",
-                f"{kind}/{name}",
-                None if before is None else orjson.dumps(before).decode(),
-                None if item is None else orjson.dumps(item).decode(),
+            revision = store.apply_config(
+                cfg,
+                actor=actor,
+                hash_key=self.ctx.hash_key,
+                action=f"{kind}.{'delete' if item is None else 'put'}",
+                target=f"{kind}/{name}",
+                entry=(_redacted(before), _redacted(item)),
             )
-            return self.ctx.store.apply_config(
-                cfg, hash_key=self.ctx.hash_key, audit=audit
-            ), 201 if before is None else 200
+            return revision, 201 if before is None else 200
 
         revision, status = _write(apply)
         return status, _JSON, orjson.dumps({"revision": revision})
@@ -564,6 +616,19 @@ class AdminApi:
                 if k["principal"] in doc["principals"]
             ]
         return 200, [*_JSON, ("x-gateway-source", "snapshot")], orjson.dumps(body)
+
+
+_READ_ONLY_FIELDS = ("owner", "api_key_source", "api_key_fingerprint")
+
+
+def _redacted(item: dict[str, Any] | None) -> str | None:
+    """An entry as the audit log keeps it: a credential sent in it is recorded as given, not its value."""
+    if item is None:
+        return None
+    shown = {k: v for k, v in item.items() if k not in _READ_ONLY_FIELDS}
+    if "api_key" in shown:
+        shown["api_key"] = "(given; write-only)"
+    return orjson.dumps(shown).decode()
 
 
 def _cookie(header: str | None, name: str) -> str | None:
@@ -661,6 +726,8 @@ def openapi_document() -> dict[str, Any]:
                 "503": {"description": "the store is unavailable (writes)"},
             },
         }
+        if (r.kind and r.method in ("PUT", "DELETE")) or r.handler == "put_config":
+            op["responses"]["409"] = {"description": "the entry is owned by a config file (owned_by_file)"}
         if r.permission:
             op["x-permission"] = r.permission
             op["security"] = [{"adminKey": []}]

@@ -1,16 +1,20 @@
-"""CLI subcommands of the control plane: ``apply``, ``export``, ``keys``, ``principals``
+"""CLI subcommands of the control plane: ``apply``, ``export``, ``keys``, ``principals``, ``secrets``
 (``usage`` and ``budgets`` are in ``usage_commands``).
 
 Each opens the store named by ``--data-dir``/``--database``, does one thing and closes it. Output meant
 for scripts goes to stdout (the new revision, the exported TOML, a new key's secret, listings); notes
 for the operator go to stderr. A ``GatewayError`` (an invalid file, an unknown principal, ...) propagates
 to ``gateway.cli.main``, which prints it as one ``gateway COMMAND: error: ...`` line per problem with exit
-status 2. Also ``apply_file``, which the supervisor calls for ``gateway serve --config FILE``.
+status 2. Every write is audited with the OS user who ran the command as its actor (``cli:USER``). Also
+``apply_file``, which the supervisor and the control worker call for ``gateway serve --config FILE`` (at
+start and on SIGHUP, with ``file:PATH`` as actor).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -21,20 +25,37 @@ from typing import Any
 from gateway.cli import add_common_options, settings_from_args
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config, load_config, parse_timestamp
-from gateway.controlplane.store import MANAGED_BY_FILE, open_store
+from gateway.controlplane.credentials import SECRETS_KEY_ENV, new_env_key, rotate_key_file
+from gateway.controlplane.store import MANAGED_BY_FILE, open_store, store_vault
 from gateway.errors import ConfigError
 
-__all__ = ["apply_file", "finish_command", "print_table", "register", "utc_time"]
+__all__ = ["apply_file", "cli_actor", "file_owner", "finish_command", "print_table", "register", "utc_time"]
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def apply_file(settings: Settings, path: str | Path) -> int:
-    """Validate ``path`` and make the store match it; returns the new revision."""
+def cli_actor() -> str:
+    """The audit log's actor for a CLI command: the OS user running it."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no passwd entry (a container's arbitrary uid)
+        return f"cli:uid {os.getuid()}"
+
+
+def file_owner(path: str | Path) -> str:
+    """The owner a config file's entries get: the file, by absolute path (so ``gateway apply FILE`` and
+    ``serve --config FILE`` name the same owner however the path was written)."""
+    return f"file:{Path(path).absolute()}"
+
+
+def apply_file(settings: Settings, path: str | Path, actor: str | None = None) -> int:
+    """Validate ``path`` and apply it as the owner of what it declares; returns the new revision.
+    ``actor`` defaults to the file itself (a start-up or SIGHUP reload)."""
     cfg = load_config(path)
     hash_key = _hash_key(settings) if any(k.secret is not None for k in cfg.keys) else None
+    owner = file_owner(path)
     with open_store(settings) as store:
-        return store.apply_config(cfg, hash_key=hash_key)
+        return store.apply_config(cfg, actor=actor or owner, owner=owner, hash_key=hash_key)
 
 
 def register(sub: Any) -> None:
@@ -62,6 +83,15 @@ def register(sub: Any) -> None:
     p = keys_sub.add_parser("list", help="list keys (never their secrets)")
     p.add_argument("--principal", help="only this principal's keys")
     finish_command(p, _cmd_keys_list)
+
+    secrets = sub.add_parser("secrets", help="the key that encrypts backend credentials in the store")
+    secrets_sub = secrets.add_subparsers(dest="secrets_command", required=True)
+    p = secrets_sub.add_parser(
+        "rotate",
+        help=f"re-encrypt every backend credential with a new key (DATA_DIR/secrets.key, or "
+        f"{SECRETS_KEY_ENV}_NEW when the key comes from {SECRETS_KEY_ENV})",
+    )
+    finish_command(p, _cmd_secrets_rotate)
 
     principals = sub.add_parser("principals", help="list principals")
     principals_sub = principals.add_subparsers(dest="principals_command", required=True)
@@ -124,7 +154,28 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    print(apply_file(settings_from_args(args), args.file))
+    print(apply_file(settings_from_args(args), args.file, cli_actor()))
+    return 0
+
+
+def _cmd_secrets_rotate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    vault = store_vault(settings)
+    with open_store(settings, vault) as store:
+        if os.environ.get(SECRETS_KEY_ENV):
+            new = new_env_key()
+            count = store.seal_credentials(vault.with_current(new), actor=cli_actor())
+            print(
+                f"re-encrypted {count} credential(s) with the key in {SECRETS_KEY_ENV}_NEW; set "
+                f"{SECRETS_KEY_ENV} to it on every control plane and restart them",
+                file=sys.stderr,
+            )
+            return 0
+        old_id, new_id, count = rotate_key_file(
+            settings.data_dir,
+            lambda key: store.seal_credentials(vault.with_current(key), actor=cli_actor()),
+        )
+    print(f"re-encrypted {count} credential(s): secrets key {old_id} replaced by {new_id}", file=sys.stderr)
     return 0
 
 
@@ -138,6 +189,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     header = (
         f"Exported by `gateway export` at revision {revision}.\n"
         "Keys are listed without secrets; applying this file keeps their hashes.\n"
+        "Backend credentials are write-only: give them again (api_key, api_key_env, api_key_file).\n"
         f"{cli_keys} key(s) created with `gateway keys create` or the admin API are not listed;"
         " apply keeps them."
     )
@@ -168,7 +220,12 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
     hash_key = _hash_key(settings)
     with open_store(settings) as store:
         key_id, secret = store.create_key(
-            args.principal, args.name, expires_at, hash_key, None if limits.is_empty() else limits
+            args.principal,
+            args.name,
+            expires_at,
+            hash_key,
+            None if limits.is_empty() else limits,
+            actor=cli_actor(),
         )
     print(secret)
     print(f"created key {key_id} for {args.principal}; the secret above is shown only once", file=sys.stderr)
@@ -177,7 +234,7 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
 
 def _cmd_keys_revoke(args: argparse.Namespace) -> int:
     with open_store(settings_from_args(args)) as store:
-        store.revoke_key(args.key)
+        store.revoke_key(args.key, actor=cli_actor())
     print(f"revoked {args.key}", file=sys.stderr)
     return 0
 

@@ -95,6 +95,8 @@ class BackendSpec:
     queue_size: int | None = None
     queue_timeout: float | None = None
     health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
+    # The credential read from this file (its content, stripped) when the store applies the document.
+    api_key_file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +315,7 @@ _BACKEND_FIELDS = (
     "protocol",
     "api_key",
     "api_key_env",
+    "api_key_file",
     "connect_timeout",
     "first_byte_timeout",
     "read_timeout",
@@ -415,8 +418,19 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
         ok = False
     api_key = item.get("api_key")
     api_key_env = item.get("api_key_env")
-    if api_key is not None and api_key_env is not None:
-        p.add(f"{place}.api_key_env", "give either api_key or api_key_env, not both")
+    api_key_file = item.get("api_key_file")
+    given = [
+        f
+        for f, v in (("api_key", api_key), ("api_key_env", api_key_env), ("api_key_file", api_key_file))
+        if v is not None
+    ]
+    if len(given) > 1:
+        p.add(f"{place}.{given[-1]}", "give either api_key, api_key_env or api_key_file, not several")
+        ok = False
+    if api_key_file is not None and (
+        not isinstance(api_key_file, str) or not api_key_file.startswith("/") or "\x00" in api_key_file
+    ):
+        p.add(f"{place}.api_key_file", "must be an absolute path")
         ok = False
     if api_key is not None and (not isinstance(api_key, str) or not api_key):
         p.add(f"{place}.api_key", "must be a non-empty string")
@@ -461,6 +475,7 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
         queue_size=counts[2],
         queue_timeout=queue_timeout,
         health_path=health_path,
+        api_key_file=api_key_file,
     )
 
 
@@ -806,6 +821,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"api_key = {_toml_str(b.api_key)}")
         if b.api_key_env is not None:
             lines.append(f"api_key_env = {_toml_str(b.api_key_env)}")
+        if b.api_key_file is not None:
+            lines.append(f"api_key_file = {_toml_str(b.api_key_file)}")
         lines.append(f"connect_timeout = {b.connect_timeout!r}")
         lines.append(f"first_byte_timeout = {b.first_byte_timeout!r}")
         lines.append(f"read_timeout = {b.read_timeout!r}")

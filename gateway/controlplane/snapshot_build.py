@@ -164,7 +164,11 @@ def _backends(state: StoreState, routing: RoutingRows, skip: _Skips) -> dict[str
             check_name(name)
             or check_url(url)
             or (None if protocol in PROTOCOLS else f"unknown protocol {protocol!r}")
-            or (None if api_key is None or isinstance(api_key, str) else "api_key is not text")
+            or (
+                None
+                if api_key is None or isinstance(api_key, str)
+                else "its credential does not open with the secrets key at hand"
+            )
             or (None if None not in timeouts and 0.0 not in timeouts else "timeouts must be positive numbers")
         )
         if problem:

@@ -1,4 +1,5 @@
-"""CLI subcommands for usage and spend: ``gateway usage`` and ``gateway budgets``.
+"""CLI subcommands for usage and spend: ``gateway usage`` (and ``gateway usage prune``) and
+``gateway budgets``.
 
 Both read the store, where the control worker writes usage records within a fraction of a second of a
 request ending (``usage_drain_interval``). ``--json`` prints one JSON document for scripts.
@@ -8,6 +9,7 @@ I/O: the store; stdout.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -17,8 +19,9 @@ import orjson
 
 from gateway.budget import NANOS, format_money
 from gateway.cli import settings_from_args
-from gateway.controlplane.commands import finish_command, print_table, utc_time
+from gateway.controlplane.commands import cli_actor, finish_command, print_table, utc_time
 from gateway.controlplane.configfile import parse_timestamp
+from gateway.controlplane.retention import purge
 from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import open_store
 from gateway.errors import ConfigError
@@ -36,6 +39,20 @@ def register(sub: Any) -> None:
     p.add_argument("--by", choices=["principal", "model", "key", "backend", "tag"], default="principal")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     finish_command(p, _cmd_usage)
+    usage_sub = p.add_subparsers(dest="usage_command", required=False)
+    prune = usage_sub.add_parser(
+        "prune",
+        help="delete usage records older than --older-than days, except those a budget's current window "
+        "still counts",
+    )
+    prune.add_argument(
+        "--older-than",
+        metavar="DAYS",
+        type=float,
+        default=float(os.environ.get("GATEWAY_USAGE_RETENTION_DAYS") or 0) or None,
+        help="age in days (default: GATEWAY_USAGE_RETENTION_DAYS)",
+    )
+    finish_command(prune, _cmd_usage_prune)
 
     p = sub.add_parser("budgets", help="show each budget's spend in its current period")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -63,8 +80,17 @@ def _cmd_usage(args: argparse.Namespace) -> int:
     end = since_arg(args.until, now) if args.until else now + 1
     with open_store(settings_from_args(args)) as store:
         rows = store.usage.summary(start, end, args.by)
+        purged_before = store.usage.purged_before()
+    if start < purged_before:
+        print(
+            f"note: records that ended before {utc_time(purged_before)} were purged (usage retention); "
+            "the totals cover what is left",
+            file=sys.stderr,
+        )
     if args.json:
         doc = {"since": start, "until": end, "by": args.by, "groups": usage_groups(rows)}
+        if start < purged_before:
+            doc["complete_since"] = purged_before
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print_table(
@@ -82,6 +108,21 @@ def _cmd_usage(args: argparse.Namespace) -> int:
             for r in rows
         ],
     )
+    return 0
+
+
+def _cmd_usage_prune(args: argparse.Namespace) -> int:
+    if args.older_than is None or args.older_than <= 0:
+        raise ConfigError("--older-than DAYS (a positive number) is needed, or GATEWAY_USAGE_RETENTION_DAYS")
+    with open_store(settings_from_args(args)) as store:
+        rows, cutoff, held = purge(store, args.older_than, cli_actor())
+    print(rows)
+    print(f"purged {rows} usage record(s) that ended before {utc_time(cutoff)}", file=sys.stderr)
+    if held is not None:
+        print(
+            f"note: records since {utc_time(held)} are kept: a budget's current window still counts them",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -10,7 +10,15 @@ hold the records meanwhile. On SIGTERM (which the supervisor sends after the pro
 drains the rings one last time. With an admin port (``--admin-port``, always with ``--role control``) it
 also serves the cluster API to proxy-role hosts (``cluster_api``): the snapshot it built, and their usage
 records, which go through the same sink as the local rings' so that budgets count them.
-I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the shared segments.
+
+When PostgreSQL cannot be reached at start the worker does not exit (under systemd that would be a
+restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-good.sealed``, rewritten
+after every publish, sealed with the secrets key since it holds backend credentials), reports the store
+as down on ``/healthz`` and in the fleet view, and retries with backoff (0.5 s doubling to 10 s). Once
+the database answers it applies the config file the supervisor could not (``run/config-pending``) and
+publishes as usual. It also purges usage records past ``--usage-retention-days`` (``retention``).
+I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the data directory, the shared
+segments.
 """
 
 from __future__ import annotations
@@ -31,16 +39,19 @@ from gateway.config import Settings, load_hash_key
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
+from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
+from gateway.controlplane.retention import Purger
 from gateway.controlplane.snapshot_build import build_snapshot_doc
-from gateway.controlplane.store import Store, StoreError, open_store
+from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
 from gateway.controlplane.usage_sink import UsageSink
 from gateway.errors import GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions
-from gateway.shm.snapshot_slot import PublishRefused, SnapshotPublisher
+from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
+from gateway.snapshot import Snapshot
 from gateway.usage_record import UsageRecord
 
 __all__ = ["ControlWorker", "run_control_worker"]
@@ -49,6 +60,8 @@ log = logging.getLogger("gateway.controlplane")
 
 
 FINAL_DRAIN_SECONDS = 10.0
+LAST_KNOWN_GOOD = "last-known-good.sealed"
+CONFIG_PENDING = "config-pending"  # in the run directory: the supervisor could not apply --config
 
 
 def _write_stdout(lines: bytes) -> None:
@@ -80,14 +93,18 @@ class ControlWorker:
         self._doc: dict[str, Any] | None = None
         self.store: Store
         self.hash_key = b""
+        self._store_down_since: float | None = None  # set while the store has not been reached
+        self._store_error = ""
+        self.purger: Purger | None = None
+        self._from_last_known_good = False  # rebuild from the store once reached, whatever the revision
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         settings = self.settings
-        store = self.store = open_store(settings)
         self.hash_key = load_hash_key(settings.data_dir)
+        store = self.store = self._open_store()
         self.sink = UsageSink(
             store,
             UsageRing(self.shared.usage),
@@ -111,6 +128,11 @@ class ControlWorker:
         next_poll = 0.0
         try:
             while not self._stop.is_set():
+                if self._store_down_since is not None:
+                    self._guarded(self._connect_store)
+                    if self._store_down_since is None:
+                        unlisten = self.store.listen_revisions(changed)
+                        next_poll = 0.0
                 if self._reload.is_set():
                     self._reload.clear()
                     self.reload_config()
@@ -119,8 +141,10 @@ class ControlWorker:
                     next_poll = 0.0
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + settings.revision_poll_interval
-                    self._guarded(lambda: self.publish_if_changed(store))
+                    self._guarded(lambda: self.publish_if_changed(self.store))
                 self._guarded(self.account)
+                if self.purger is not None:
+                    self._guarded(self.purger.step)
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
             self.final_drain()
         finally:
@@ -131,8 +155,88 @@ class ControlWorker:
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
-            store.close()
+            self.store.close()
         return 0
+
+    # -- the store at start, and while it has not been reached ------------------------------------------
+    def _open_store(self) -> Store:
+        """The store, or, when the database cannot be reached, a stand-in that fails every operation as
+        an outage does, with the last-known-good snapshot published meanwhile."""
+        try:
+            store = open_store(self.settings)
+        except StoreError as exc:
+            if isinstance(exc, CredentialError):
+                raise
+            self._store_down_since = time.time()
+            self._store_error = exc.message
+            log.error("store unreachable at start, serving the last-known-good snapshot: %s", exc.message)
+            self.restore_last_known_good()
+            self.publisher.set_control_state(CONTROL_STORE_DOWN, 0.0)
+            return unavailable_store(f"the store has not been reached since start: {exc.message}")
+        self._store_reached(store)
+        return store
+
+    def _connect_store(self) -> None:
+        """One attempt to reach the store (``_guarded`` spaces them out); raises ``StoreError``."""
+        try:
+            store = open_store(self.settings)
+        except StoreError as exc:
+            self._store_error = exc.message
+            raise
+        log.info("store reached after %.1f s", time.time() - (self._store_down_since or time.time()))
+        self._store_down_since = None
+        self.store = store
+        if self.sink is not None:
+            self.sink.store = store
+        self._store_reached(store)
+
+    def _store_reached(self, store: Store) -> None:
+        self.publisher.set_control_state(CONTROL_LOCAL, time.time())
+        self.purger = Purger(store, self.settings.usage_retention_days, self.settings.usage_purge_interval)
+        pending = self.settings.run_dir / CONFIG_PENDING
+        if pending.exists():
+            self.reload_config()
+            pending.unlink(missing_ok=True)
+
+    def restore_last_known_good(self) -> None:
+        path = self.settings.data_dir / LAST_KNOWN_GOOD
+        try:
+            sealed = path.read_text()
+        except FileNotFoundError:
+            log.error(
+                "no last-known-good snapshot in %s: the proxies answer 503 until the store answers", path
+            )
+            return
+        except OSError as exc:
+            log.error("cannot read %s: %s", path, exc)
+            return
+        try:
+            blob = store_vault(self.settings).open(sealed, LAST_KNOWN_GOOD).encode()
+            revision = Snapshot.decode(blob, 0).revision
+            self.publisher.publish(blob, revision)
+        except (GatewayError, ValueError, KeyError, TypeError, PublishRefused) as exc:
+            log.error("ignoring %s: %s", path, exc)
+            return
+        self._current = (revision, blob)
+        self._doc = orjson.loads(blob)
+        self._from_last_known_good = True
+        log.info("serving the last-known-good snapshot (revision %d) until the store answers", revision)
+
+    def _write_last_known_good(self, blob: bytes) -> None:
+        """Sealed, since the snapshot carries backend credentials; written whole, then renamed."""
+        path = self.settings.data_dir / LAST_KNOWN_GOOD
+        tmp = path.with_suffix(".tmp")
+        try:
+            sealed = store_vault(self.settings).seal(blob.decode(), LAST_KNOWN_GOOD)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, sealed.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except (OSError, GatewayError) as exc:
+            log.error("could not save the last-known-good snapshot: %s", exc)
 
     def _start_admin_server(self) -> tuple[Server, asyncio.Task[None]] | None:
         settings = self.settings
@@ -184,7 +288,17 @@ class ControlWorker:
         return host_load(self.shared, list((self._doc or {}).get("backends", {})))
 
     def fleet_view(self) -> list[dict[str, Any]]:
-        own = host_report(self.settings, self.shared, {"control_plane": "self"})
+        store: dict[str, Any] = {"state": "ok"}
+        if self._store_down_since is not None or self._store_failing:
+            store = {"state": "unreachable", "error": self._store_error}
+            if self._store_down_since is not None:
+                store["since"] = self._store_down_since
+        extra = {
+            "control_plane": "self",
+            "store": store,
+            "status": "ok" if store["state"] == "ok" else "degraded",
+        }
+        own = host_report(self.settings, self.shared, extra)
         return [own, *(r for r in self.fleet.view() if r.get("host") != own["host"])]
 
     def store_usage(self, records: list[UsageRecord]) -> None:
@@ -222,6 +336,8 @@ class ControlWorker:
             if not self._store_failing:
                 log.error("store unavailable, will retry: %s", exc)
                 self._store_backoff = 0.5
+                self._store_error = exc.message
+                self.publisher.set_control_state(CONTROL_STORE_DOWN, time.time())
             self._store_failing = True
             self._store_retry_at = time.monotonic() + self._store_backoff
             self._store_backoff = min(self._store_backoff * 2, 10.0)
@@ -229,6 +345,8 @@ class ControlWorker:
         if self._store_failing:
             log.info("store available again")
             self._store_failing = False
+            if self._store_down_since is None:
+                self.publisher.set_control_state(CONTROL_LOCAL, time.time())
 
     async def _sleep(self, seconds: float) -> None:
         waits = [
@@ -256,7 +374,11 @@ class ControlWorker:
 
     def publish_if_changed(self, store: Store) -> bool:
         revision = store.revision()
-        if self.publisher.generation and revision <= self.publisher.revision:
+        if (
+            self.publisher.generation
+            and revision <= self.publisher.revision
+            and not self._from_last_known_good
+        ):
             return False
         started = time.perf_counter()
         doc = build_snapshot_doc(store)
@@ -268,6 +390,8 @@ class ControlWorker:
             return False
         self._current = (int(doc["revision"]), blob)
         self._doc = doc
+        self._from_last_known_good = False
+        self._write_last_known_good(blob)
         if self.sink is not None:
             self.sink.set_budgets(doc["principals"])
         log.info(

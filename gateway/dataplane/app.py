@@ -44,7 +44,12 @@ from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.protocol.paths import check_client_path
 from gateway.routing.rules import Facts
-from gateway.shm.snapshot_slot import CONTROL_REACHABLE, CONTROL_UNREACHABLE, SnapshotReader
+from gateway.shm.snapshot_slot import (
+    CONTROL_REACHABLE,
+    CONTROL_STORE_DOWN,
+    CONTROL_UNREACHABLE,
+    SnapshotReader,
+)
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import KeyEntry, Snapshot
 
@@ -232,7 +237,7 @@ class ProxyApp:
 
     def control_plane_state(self) -> tuple[str, str]:
         """``("ok" | "degraded", detail)``: degraded while a proxy-role host cannot reach its control
-        plane (it keeps serving the last snapshot it has)."""
+        plane, or a local control worker its database (either keeps serving the last snapshot it has)."""
         if self.reader is None:
             return "ok", "local"
         state, seen_at = self.reader.control_state()
@@ -241,6 +246,9 @@ class ProxyApp:
         if state == CONTROL_UNREACHABLE:
             since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seen_at)) if seen_at else "never"
             return "degraded", f"unreachable, serving the last snapshot known; last answered: {since}"
+        if state == CONTROL_STORE_DOWN:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seen_at)) if seen_at else "start"
+            return "degraded", f"local; its store does not answer since {since}, serving the last snapshot"
         return "ok", "local"
 
     # -- the request path ---------------------------------------------------------------------------

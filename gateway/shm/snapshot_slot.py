@@ -31,6 +31,7 @@ import time
 __all__ = [
     "CONTROL_LOCAL",
     "CONTROL_REACHABLE",
+    "CONTROL_STORE_DOWN",
     "CONTROL_UNREACHABLE",
     "HEADER_BYTES",
     "PublishRefused",
@@ -45,6 +46,7 @@ _F64 = struct.Struct("<d")
 _OFF_MAGIC, _OFF_SEQ, _OFF_GEN, _OFF_REV, _OFF_ACTIVE, _OFF_LEN0, _OFF_LEN1, _OFF_AT = range(0, 64, 8)
 _OFF_CONTROL_STATE, _OFF_CONTROL_SEEN = 64, 72
 CONTROL_LOCAL, CONTROL_REACHABLE, CONTROL_UNREACHABLE = 0, 1, 2
+CONTROL_STORE_DOWN = 3  # a local control worker whose store does not answer (it serves what it has)
 
 
 class PublishRefused(Exception):
@@ -104,7 +106,8 @@ class SnapshotPublisher:
         return published + 1
 
     def set_control_state(self, state: int, seen_at: float | None = None) -> None:
-        """Say whether the remote control plane answers (proxy-role hosts); read by ``/healthz``."""
+        """Say whether the remote control plane answers (proxy-role hosts), or whether the local control
+        worker's store does; read by ``/healthz``."""
         _U64.pack_into(self._buf, _OFF_CONTROL_STATE, state)
         if seen_at is not None:
             _F64.pack_into(self._buf, _OFF_CONTROL_SEEN, seen_at)

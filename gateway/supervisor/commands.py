@@ -135,6 +135,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="one JSON line per forwarded request on stdout (also GATEWAY_ACCESS_LOG=1)",
     )
     p.add_argument(
+        "--usage-retention-days",
+        type=float,
+        help="purge usage records older than this many days, except those inside a budget's current "
+        "window (also GATEWAY_USAGE_RETENTION_DAYS; default 0: keep them all)",
+    )
+    p.add_argument(
         "--no-usage-records",
         dest="usage_records",
         action="store_const",
@@ -258,7 +264,10 @@ def _claim_ports(settings: Settings) -> list[PortClaim]:
 
 def _serve(settings: Settings) -> int:
     from gateway.controlplane.commands import apply_file
-    from gateway.controlplane.store import open_store
+    from gateway.controlplane.configfile import load_config
+    from gateway.controlplane.store import StoreError, is_postgres_url, open_store
+    from gateway.controlplane.worker import CONFIG_PENDING
+    from gateway.errors import ConfigError
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,11 +276,21 @@ def _serve(settings: Settings) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if settings.role != "proxy":  # a proxy-role host has no store: its control plane has
-        if settings.config_file is not None:
-            revision = apply_file(settings, settings.config_file)
-            log.info("applied %s as revision %d", settings.config_file, revision)
-        else:
-            open_store(settings).close()  # migrations run once, here, before any worker forks
+        try:
+            if settings.config_file is not None:
+                load_config(settings.config_file)  # a bad file fails the start, database or not
+                revision = apply_file(settings, settings.config_file)
+                log.info("applied %s as revision %d", settings.config_file, revision)
+            else:
+                open_store(settings).close()  # migrations run once, here, before any worker forks
+        except StoreError as exc:
+            # PostgreSQL away at start: the control worker serves its last-known-good snapshot and
+            # retries; it applies the file once the database answers (a restart loop helps nobody).
+            if isinstance(exc, ConfigError) or not is_postgres_url(settings.database_url):
+                raise
+            log.error("database unreachable at start, starting degraded: %s", exc.message)
+            if settings.config_file is not None:
+                (settings.run_dir / CONFIG_PENDING).touch()
 
     Supervisor.block_signals()
     segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)

@@ -461,3 +461,22 @@ def test_the_demo_script_prints_a_ui_address_and_an_admin_key_that_signs_in(
         except subprocess.TimeoutExpired:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
+
+
+def test_file_owned_entries_are_shown_read_only_with_their_owner(page: Any, site: Site) -> None:
+    ops = {"authorization": f"Bearer {site.keys['ops']}"}
+    made = httpx.put(
+        site.admin + "/admin/principals/dora", json={"roles": ["chatter"]}, headers=ops, timeout=10
+    )
+    assert made.status_code in (200, 201)
+    sign_in(page, site, "ops")
+    page.click("#nav a[data-page=keys]")
+    alice = page.locator("#principals tbody tr", has_text="alice")
+    expect(alice).to_contain_text(f"file {site.gw.config_path} (read-only)")
+    expect(alice.locator("button.edit")).to_have_count(0)
+    dora = page.locator("#principals tbody tr", has_text="dora")
+    expect(dora).to_contain_text("store (API / UI)")
+    expect(dora.locator("button.edit")).to_have_count(1)
+    page.click("#nav a[data-page=models]")
+    expect(page.locator("#models tbody tr", has_text="chat").first).to_contain_text("(read-only)")
+    expect(page.locator("#config-backends tbody tr").first).to_contain_text(f"file {site.gw.config_path}")

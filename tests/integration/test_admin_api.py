@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from gateway.controlplane.admin_api import ROUTES
@@ -119,8 +120,8 @@ def test_a_key_made_through_the_api_works_and_revoking_it_stops_it(admin: Admin)
     wait_until(lambda: status() == 401, timeout=5, what="revoked key refused")
     audit = admin.call("GET", "/admin/audit", "viewer").json()
     assert [(e["action"], e["target"]) for e in audit[:2]] == [
-        ("key.revoke", made.json()["id"]),
-        ("key.create", made.json()["id"]),
+        ("key.revoke", "keys/via-api"),
+        ("key.create", "keys/via-api"),
     ]
     assert audit[0]["actor"].startswith("ops (key ")
     assert admin.call("POST", "/admin/keys", "ops", json={"principal": "nobody"}).status_code == 400
@@ -136,12 +137,19 @@ def test_a_key_made_through_the_api_works_and_revoking_it_stops_it(admin: Admin)
 def test_config_round_trips_and_is_audited(admin: Admin) -> None:
     exported = admin.call("GET", "/admin/config", "viewer")
     assert exported.status_code == 200 and exported.headers["content-type"] == "application/toml"
+    # The --config file owns "chat": a whole document that changes it is refused, naming the file.
     changed = exported.text.replace('aliases = ["gpt-4o-mini"]', 'aliases = ["gpt-4o-mini", "assistant"]')
-    applied = admin.call("PUT", "/admin/config", "ops", content=changed.encode())
+    refused = admin.call("PUT", "/admin/config", "ops", content=changed.encode())
+    assert refused.status_code == 409, refused.text
+    assert str(admin.gw.config_path) in refused.json()["error"]["message"]
+    # Adding a model of the store's own is fine, and the audit entry names what was added.
+    added = exported.text + '\n[[models]]\nname = "assistant"\nchain = ["pm-a"]\n'
+    applied = admin.call("PUT", "/admin/config", "ops", content=added.encode())
     assert applied.status_code == 200 and applied.json()["revision"] > 0
     entry = admin.call("GET", "/admin/audit?limit=1", "ops").json()[0]
-    assert entry["action"] == "config.apply"
-    assert '"assistant"' in entry["after"] and '"assistant"' not in entry["before"]
+    assert (entry["action"], entry["target"]) == ("config.apply", "config")
+    assert entry["actor"].startswith("ops (key ")
+    assert orjson.loads(entry["after"]) == {"added": {"models": ["assistant"]}}
     bad = admin.call("PUT", "/admin/config", "ops", content=b"[[backends]]\nname = 1\n")
     assert bad.status_code == 400 and "backends[0].name" in bad.json()["error"]["message"]
 
@@ -195,8 +203,17 @@ def test_configuration_one_entity_at_a_time(admin: Admin, mock_engine: MockEngin
         admin.call("PUT", "/admin/provider_models/pm-b", "ops", json={"backends": ["b"]}).status_code == 201
     )
     chat = admin.call("GET", "/admin/models/chat", "viewer").json()
+    assert chat["owner"] == f"file:{admin.gw.config_path}"
     chat["chain"] = [*chat["chain"], "pm-b"]
-    assert admin.call("PUT", "/admin/models/chat", "ops", json=chat).status_code == 200
+    owned = admin.call("PUT", "/admin/models/chat", "ops", json=chat)
+    assert owned.status_code == 409 and str(admin.gw.config_path) in owned.json()["error"]["message"]
+    assert admin.call("DELETE", "/admin/principals/alice", "ops").status_code == 409
+    chat2 = {"name": "chat2", "chain": ["pm-a", "pm-b"]}
+    assert admin.call("PUT", "/admin/models/chat2", "ops", json=chat2).status_code == 201
+    shown = admin.call("GET", "/admin/models/chat2", "viewer").json()
+    assert shown["owner"] == "store"
+    shown["chain"] = ["pm-b"]
+    assert admin.call("PUT", "/admin/models/chat2", "ops", json=shown).status_code == 200
     # The file's rules hold: what is still referenced cannot go, and bad fields are named.
     refused = admin.call("DELETE", "/admin/backends/b", "ops")
     assert refused.status_code == 400 and "unknown backend 'b'" in refused.json()["error"]["message"]
@@ -215,4 +232,4 @@ def test_configuration_one_entity_at_a_time(admin: Admin, mock_engine: MockEngin
     assert made.status_code == 201
     entry = admin.call("GET", "/admin/audit?limit=20", "viewer").json()
     assert ("principals.put", "principals/newbie") in {(e["action"], e["target"]) for e in entry}
-    assert ("models.put", "models/chat") in {(e["action"], e["target"]) for e in entry}
+    assert ("models.put", "models/chat2") in {(e["action"], e["target"]) for e in entry}

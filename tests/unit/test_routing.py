@@ -47,7 +47,7 @@ roles = ["batch"]
 def snapshot(tmp_path: Path, config: str) -> Snapshot:
     cfg = parse_config(tomllib.loads(BACKENDS + config + PEOPLE), "test")
     store = open_store(Settings(data_dir=tmp_path))
-    store.apply_config(cfg)
+    store.apply_config(cfg, actor="test")
     doc = build_snapshot_doc(store)
     store.close()
     assert doc["skipped"] == 0
@@ -371,7 +371,7 @@ def test_routing_config_round_trips_through_the_store(tmp_path: Path) -> None:
     text = text.replace('url = "http://127.0.0.1:9000"', 'url = "http://127.0.0.1:9000"\nmax_concurrency = 8')
     cfg = parse_config(tomllib.loads(text), "t")
     store: Store = open_store(Settings(data_dir=tmp_path))
-    store.apply_config(cfg)
+    store.apply_config(cfg, actor="test")
     assert store.config_doc() == cfg
     doc = build_snapshot_doc(store)
     store.close()

@@ -86,7 +86,7 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def store(settings: Settings) -> Iterator[Store]:
     with open_store(settings) as s:
-        s.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"})
+        s.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"}, actor="test")
         yield s
 
 
@@ -153,10 +153,10 @@ def test_principal_grants(store: Store, principal: str, allow_all: bool, models:
 
 
 def test_keys_map_hash_to_principal(store: Store) -> None:
-    live_id, live = store.create_key("bob", None, time.time() + 3600, HASH_KEY)
-    revoked_id, revoked = store.create_key("bob", "gone", None, HASH_KEY)
-    store.revoke_key(revoked_id)
-    _, expired = store.create_key("bob", "old", time.time() - 1, HASH_KEY)
+    live_id, live = store.create_key("bob", None, time.time() + 3600, HASH_KEY, actor="test")
+    revoked_id, revoked = store.create_key("bob", "gone", None, HASH_KEY, actor="test")
+    store.revoke_key(revoked_id, actor="test")
+    _, expired = store.create_key("bob", "old", time.time() - 1, HASH_KEY, actor="test")
     snap = _snapshot(store)
     alice = snap.keys[_digest(ALICE_SECRET)]
     assert (alice.principal.name, alice.expires_at) == ("alice", None)
@@ -170,7 +170,7 @@ def test_keys_map_hash_to_principal(store: Store) -> None:
 
 
 def test_limits_in_the_document(store: Store) -> None:
-    store.create_key("bob", "bob-cli", None, HASH_KEY, LimitsSpec(tokens_per_minute=7))
+    store.create_key("bob", "bob-cli", None, HASH_KEY, LimitsSpec(tokens_per_minute=7), actor="test")
     doc = build_snapshot_doc(store)
     by_name = {p["name"]: p for p in doc["principals"].values()}
     # Only the limits that are set; no "limits" or "model_limits" at all where none is.
@@ -327,7 +327,10 @@ def test_ten_thousand_keys(store: Store) -> None:
     principals = tuple(PrincipalSpec(f"p{i}", ("user",)) for i in range(100))
     keys = tuple(KeySpec(f"k{i}", f"p{i % 100}", f"sk-gw-bulk-secret-{i:08d}") for i in range(10_000))
     store.apply_config(
-        replace(DOC, principals=principals, keys=keys), hash_key=HASH_KEY, environ={"B_KEY": "x"}
+        replace(DOC, principals=principals, keys=keys),
+        hash_key=HASH_KEY,
+        environ={"B_KEY": "x"},
+        actor="test",
     )
     snap = _snapshot(store)
     assert len(snap.keys) == 10_000
@@ -363,7 +366,7 @@ PRICED = _priced(DOC)
 
 @pytest.fixture
 def priced(store: Store) -> Store:
-    store.apply_config(PRICED, hash_key=HASH_KEY, environ={"B_KEY": "kb"})
+    store.apply_config(PRICED, hash_key=HASH_KEY, environ={"B_KEY": "kb"}, actor="test")
     return store
 
 
@@ -411,7 +414,7 @@ def test_budgets_in_the_principals(priced: Store) -> None:
 
 
 def test_reapplying_without_prices_and_budgets_drops_them(priced: Store) -> None:
-    priced.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"})
+    priced.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"}, actor="test")
     doc = build_snapshot_doc(priced)
     assert [name for name, route in doc["routes"].items() if "price" in route] == []
     assert [p["name"] for p in doc["principals"].values() if "budget" in p] == []
@@ -515,7 +518,7 @@ def test_pattern_aliases_map_the_names_a_client_picks(settings: Settings) -> Non
     """One entry (``claude-*``) for every name Claude Code asks for; exact names win, then the most
     specific pattern; a matched name is authorised, priced and routed as its alias."""
     with open_store(settings) as s:
-        s.apply_config(PATTERN_DOC, hash_key=HASH_KEY, environ={})
+        s.apply_config(PATTERN_DOC, hash_key=HASH_KEY, environ={}, actor="test")
         doc = build_snapshot_doc(s)
     assert list(doc["alias_patterns"]) == ["claude-*-haiku-*", "claude-haiku-*", "claude-*"]
     assert not any("*" in name for name in doc["routes"])

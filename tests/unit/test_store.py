@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import orjson
 import psycopg
 import pytest
 
@@ -26,7 +27,9 @@ from gateway.controlplane.configfile import (
     RoleSpec,
     parse_config,
 )
+from gateway.controlplane.retention import purge
 from gateway.controlplane.store import (
+    OwnershipConflict,
     SqliteDriver,
     Store,
     StoreConflict,
@@ -129,7 +132,7 @@ def _raw(settings: Settings) -> sqlite3.Connection | _PgRaw:
 
 
 def _apply(store: Store, doc: ConfigDoc = DOC) -> int:
-    return store.apply_config(doc, hash_key=HASH_KEY, environ=ENV)
+    return store.apply_config(doc, hash_key=HASH_KEY, environ=ENV, actor="test")
 
 
 # --- opening and migrating ----------------------------------------------------------------------------------
@@ -329,9 +332,12 @@ def test_apply_imports_everything_and_bumps_once(store: Store, settings: Setting
         keys=(KeySpec("alice-dev", "alice", None, None, LimitsSpec(concurrent_requests=3)),),
     )
     with _raw(settings) as conn:
-        assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == "secret-b"
+        sealed = conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0]
         (stored,) = conn.execute("SELECT key_hash FROM api_keys").fetchone()
     assert stored == hash_secret(SECRET, HASH_KEY).hex()
+    # The credential is sealed at rest; the snapshot's rows carry it opened.
+    assert sealed.startswith("v1:") and "secret-b" not in sealed
+    assert {row[0]: row[3] for row in store.read_state().backends} == {"a": None, "b": "secret-b"}
 
 
 def test_apply_again_bumps_again_and_keeps_principal_ids(store: Store) -> None:
@@ -343,8 +349,8 @@ def test_apply_again_bumps_again_and_keeps_principal_ids(store: Store) -> None:
 
 def test_apply_removes_what_the_file_no_longer_names(store: Store) -> None:
     _apply(store)
-    cli_key, _ = store.create_key("ops", "ops-cli", None, HASH_KEY)
-    store.create_key("alice", None, None, HASH_KEY)
+    cli_key, _ = store.create_key("ops", "ops-cli", None, HASH_KEY, actor="test")
+    store.create_key("alice", None, None, HASH_KEY, actor="test")
     smaller = parse_config(
         {
             "backends": [{"name": "a", "url": "http://127.0.0.1:8001"}],
@@ -367,7 +373,7 @@ def test_apply_removes_what_the_file_no_longer_names(store: Store) -> None:
 
 def test_file_key_removed_from_file_is_deleted_cli_key_kept(store: Store) -> None:
     _apply(store)
-    cli_key, _ = store.create_key("alice", "alice-cli", None, HASH_KEY)
+    cli_key, _ = store.create_key("alice", "alice-cli", None, HASH_KEY, actor="test")
     _apply(store, replace(DOC, keys=()))
     assert [(k.id, k.managed_by) for k in store.list_keys()] == [(cli_key, "cli")]
 
@@ -387,7 +393,7 @@ def test_file_key_upsert_rotates_hash_and_keeps_it_without_secret(store: Store, 
 
 def test_file_listing_a_cli_key_adopts_it(store: Store) -> None:
     _apply(store)
-    key_id, _ = store.create_key("alice", "adopted", None, HASH_KEY)
+    key_id, _ = store.create_key("alice", "adopted", None, HASH_KEY, actor="test")
     _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("adopted", "alice"))))
     assert {k.id: k.managed_by for k in store.list_keys()}[key_id] == "file"
 
@@ -529,7 +535,7 @@ def test_unreadable_budget_is_a_store_error(store: Store, settings: Settings, sq
 
 def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> None:
     _apply(store)
-    store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7))
+    store.create_key("ops", "ops-cli", None, HASH_KEY, LimitsSpec(requests_per_minute=7), actor="test")
     _apply(store)
     assert {k.name: k.limits for k in store.list_keys("ops")} == {"ops-cli": LimitsSpec(7)}
     _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("ops-cli", "ops"))))
@@ -538,7 +544,7 @@ def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> No
 
 def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
     _apply(store)
-    store.revoke_key("alice-dev")
+    store.revoke_key("alice-dev", actor="test")
     _apply(store)
     (key,) = store.list_keys()
     assert key.status() == "revoked"
@@ -547,8 +553,13 @@ def test_revoked_key_stays_revoked_after_apply(store: Store) -> None:
 @pytest.mark.parametrize(
     ("doc", "kwargs", "message"),
     [
-        (DOC, {"environ": {}}, "backends[1].api_key_env: environment variable B_KEY is not set"),
-        (DOC, {"environ": {"B_KEY": ""}}, "B_KEY is not set"),
+        # A file must resolve its variables (an API write resending the stored reference need not).
+        (
+            DOC,
+            {"environ": {}, "owner": "file:/x.toml"},
+            "backends[1].api_key_env: environment variable B_KEY",
+        ),
+        (DOC, {"environ": {"B_KEY": ""}, "owner": "file:/x.toml"}, "B_KEY is not set"),
         (DOC, {"environ": ENV, "hash_key": None}, "a hash key is needed"),
         (
             replace(DOC, keys=(KeySpec("never-created", "alice"),)),
@@ -563,14 +574,14 @@ def test_failed_apply_changes_nothing(
     _apply(store)
     before = store.config_doc()
     with pytest.raises(ConfigError, match=re.escape(message)):
-        store.apply_config(doc, **kwargs)  # type: ignore[arg-type]
+        store.apply_config(doc, **kwargs, actor="test")  # type: ignore[arg-type]
     assert store.revision() == 1
     assert store.config_doc() == before
 
 
 def test_imported_secret_equal_to_a_stored_key_conflicts(store: Store) -> None:
     _apply(store)
-    _, cli_secret = store.create_key("ops", "ops-cli", None, HASH_KEY)
+    _, cli_secret = store.create_key("ops", "ops-cli", None, HASH_KEY, actor="test")
     with pytest.raises(StoreConflict, match="already used by key"):
         _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("clash", "ops", cli_secret))))
     assert store.revision() == 2
@@ -587,7 +598,7 @@ def test_file_key_may_take_over_the_secret_of_a_key_it_removes(store: Store) -> 
 
 def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> None:
     _apply(store)
-    key_id, secret = store.create_key("ops", "ops-1", None, HASH_KEY)
+    key_id, secret = store.create_key("ops", "ops-1", None, HASH_KEY, actor="test")
     assert secret.startswith("sk-gw-")
     assert store.revision() == 2
     with _raw(settings) as conn:
@@ -604,7 +615,7 @@ def test_create_key_stores_only_the_hash(store: Store, settings: Settings) -> No
 )
 def test_create_key_with_limits(store: Store, limits: LimitsSpec | None) -> None:
     _apply(store)
-    key_id, _ = store.create_key("ops", None, None, HASH_KEY, limits)
+    key_id, _ = store.create_key("ops", None, None, HASH_KEY, limits, actor="test")
     expected = None if limits is None or limits.is_empty() else limits
     assert {k.id: k.limits for k in store.list_keys("ops")} == {key_id: expected}
 
@@ -629,29 +640,29 @@ def test_create_key_errors(
 ) -> None:
     _apply(store)
     with pytest.raises(error, match=message):
-        store.create_key(principal, name, None, HASH_KEY, limits)
+        store.create_key(principal, name, None, HASH_KEY, limits, actor="test")
     assert store.revision() == 1
 
 
 def test_revoke_by_id_and_by_name_bumps_once(store: Store) -> None:
     _apply(store)
-    key_id, _ = store.create_key("ops", "ops-1", None, HASH_KEY)
-    store.revoke_key(key_id)
+    key_id, _ = store.create_key("ops", "ops-1", None, HASH_KEY, actor="test")
+    store.revoke_key(key_id, actor="test")
     assert store.revision() == 3
-    store.revoke_key(key_id)  # already revoked: nothing changes
+    store.revoke_key(key_id, actor="test")  # already revoked: nothing changes
     assert store.revision() == 3
-    store.revoke_key("alice-dev")
+    store.revoke_key("alice-dev", actor="test")
     assert store.revision() == 4
     assert {k.name: k.status() for k in store.list_keys()} == {"ops-1": "revoked", "alice-dev": "revoked"}
     with pytest.raises(ConfigError, match="no key with id or name 'nope'"):
-        store.revoke_key("nope")
+        store.revoke_key("nope", actor="test")
 
 
 def test_list_keys_filters_and_reports_expiry(store: Store) -> None:
     _apply(store)
     past = time.time() - 10
-    expired_id, _ = store.create_key("ops", "old", past, HASH_KEY)
-    live_id, _ = store.create_key("ops", None, time.time() + 3600, HASH_KEY)
+    expired_id, _ = store.create_key("ops", "old", past, HASH_KEY, actor="test")
+    live_id, _ = store.create_key("ops", None, time.time() + 3600, HASH_KEY, actor="test")
     ops = store.list_keys("ops")
     assert [(k.id, k.status()) for k in ops] == [(expired_id, "expired"), (live_id, "active")]
     assert ops[0].expires_at == past
@@ -672,3 +683,133 @@ def test_second_connection_sees_commits(settings: Settings) -> None:
         _apply(writer)
         assert reader.revision() == 1
         assert len(reader.list_keys()) == 1
+
+
+# --- ownership, audit, credentials, retention (issue 20) ----------------------------------------------------
+
+FILE = "file:/etc/gateway/gateway.toml"
+
+
+def test_a_file_owns_what_it_declares_and_leaves_the_store_s_entries(store: Store) -> None:
+    store.apply_config(DOC, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    extra = PrincipalSpec("erin", ("user",))
+    doc = store.config_doc()
+    store.apply_config(replace(doc, principals=(*doc.principals, extra)), actor="ops (key k)")
+    assert store.owners()[("principals", "alice")] == FILE and ("principals", "erin") not in store.owners()
+    # The file drops ops: ops goes (the file owned it), erin stays (the store's), alice is the file's.
+    fewer = replace(DOC, principals=DOC.principals[:1])
+    store.apply_config(fewer, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    assert [p.name for p in store.principals()] == ["alice", "erin"]
+    changes = store.audit_log(1)[0]
+    assert (changes.actor, changes.action, changes.target) == (FILE, "config.apply", FILE)
+    assert orjson.loads(changes.after or "") == {"removed": {"principals": ["ops"]}}
+    # A file that declares a store entry takes it over; the audit entry says whose it became.
+    store.apply_config(
+        replace(fewer, principals=(*fewer.principals, extra)),
+        actor=FILE,
+        owner=FILE,
+        hash_key=HASH_KEY,
+        environ=ENV,
+    )
+    assert store.owners()[("principals", "erin")] == FILE
+    assert orjson.loads(store.audit_log(1)[0].after or "") == {"owner_changed": {"principals": ["erin"]}}
+
+
+def test_the_store_may_not_change_or_remove_what_a_file_owns(store: Store) -> None:
+    store.apply_config(DOC, actor=FILE, owner=FILE, hash_key=HASH_KEY, environ=ENV)
+    doc = store.config_doc()
+    revision = store.revision()
+    changed = replace(doc, principals=(replace(doc.principals[0], roles=("admin",)), *doc.principals[1:]))
+    with pytest.raises(OwnershipConflict, match="principals/alice is owned by the config file /etc/gateway"):
+        store.apply_config(changed, actor="ops")
+    with pytest.raises(OwnershipConflict, match="cannot be removed"):
+        store.apply_config(replace(doc, principals=doc.principals[1:]), actor="ops")
+    # The document as the API shows it (credentials left out) applies without changing anything.
+    store.apply_config(doc, actor="ops")
+    assert store.revision() == revision + 1
+    assert orjson.loads(store.audit_log(1)[0].after or "") == {}
+    assert OwnershipConflict.status == 409
+
+
+def test_credentials_are_sealed_write_only_and_rotatable(store: Store, settings: Settings) -> None:
+    inline = replace(DOC.backends[0], api_key="sk-inline-credential")
+    _apply(store, replace(DOC, backends=(inline, DOC.backends[1])))
+    with _raw(settings) as conn:
+        rows = conn.execute("SELECT name, api_key FROM backends ORDER BY name").fetchall()
+    assert all(str(v).startswith("v1:") for _, v in rows) and "sk-inline" not in str(rows)
+    assert [b.api_key for b in store.config_doc().backends] == [None, None]
+    shown = store.backend_credentials()
+    assert (shown["a"].source, shown["b"].source) == ("inline", "env:B_KEY")
+    assert len(shown["a"].fingerprint) == 8
+    # Applying what the API shows (no credential) keeps the stored one; so does the next rebuild.
+    store.apply_config(store.config_doc(), actor="ops", environ=ENV)
+    assert {r[0]: r[3] for r in store.read_state().backends} == {"a": "sk-inline-credential", "b": "secret-b"}
+    # Rotation: re-sealed with a new key, same fingerprints, still readable.
+    assert store.vault is not None
+    new = store.vault.with_current(bytes(range(1, 33)))
+    assert store.seal_credentials(new, actor="cli:root") == 2
+    assert store.backend_credentials() == shown
+    assert {r[0]: r[3] for r in store.read_state().backends} == {"a": "sk-inline-credential", "b": "secret-b"}
+    # A store opened without the new key cannot open them: the snapshot builder skips such backends.
+    with open_store(settings) as other:
+        assert all(r[3] is not None and not isinstance(r[3], str) for r in other.read_state().backends)
+        # Other writes still work and keep such a credential sealed as it is; giving it again re-seals it.
+        with _raw(settings) as conn:
+            sealed_b = conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0]
+        again = replace(DOC.backends[0], api_key="sk-given-again")
+        other.apply_config(replace(other.config_doc(), backends=(again, DOC.backends[1])), actor="ops")
+        with _raw(settings) as conn:
+            assert conn.execute("SELECT api_key FROM backends WHERE name = 'b'").fetchone()[0] == sealed_b
+        assert {r[0]: r[3] for r in other.read_state().backends}["a"] == "sk-given-again"
+
+
+def test_credentials_stored_in_the_clear_by_older_versions_are_sealed_on_open(settings: Settings) -> None:
+    with open_store(settings) as store:
+        _apply(store)
+    with _raw(settings) as conn:
+        conn.execute("UPDATE backends SET api_key = 'sk-legacy-plain' WHERE name = 'a'")
+        if isinstance(conn, sqlite3.Connection):
+            conn.commit()
+    with open_store(settings) as store:
+        assert {r[0]: r[3] for r in store.read_state().backends}["a"] == "sk-legacy-plain"
+        assert store.audit_log(1)[0].action == "secrets.seal"
+    with _raw(settings) as conn:
+        value = conn.execute("SELECT api_key FROM backends WHERE name = 'a'").fetchone()[0]
+    assert value.startswith("v1:")
+
+
+def test_key_writes_are_audited_by_name(store: Store) -> None:
+    _apply(store)
+    key_id, _ = store.create_key("ops", "ops-admin", None, HASH_KEY, actor="cli:root")
+    store.revoke_key(key_id, actor="cli:root")
+    store.revoke_key(key_id, actor="cli:root")  # already revoked: nothing changes, nothing is audited
+    revoke, create = store.audit_log(2)
+    assert (create.actor, create.action, create.target) == ("cli:root", "key.create", "keys/ops-admin")
+    assert (revoke.action, revoke.target) == ("key.revoke", "keys/ops-admin")
+    assert orjson.loads(revoke.after or "") == {"id": key_id, "name": "ops-admin", "principal": "ops"}
+    assert len(store.audit_log(100)) == 3  # and the apply's
+
+
+def test_prune_keeps_what_a_budget_window_counts(store: Store) -> None:
+    budgeted = replace(DOC.principals[0], budget=BudgetSpec("day", 1000, None))
+    _apply(store, replace(DOC, principals=(budgeted, *DOC.principals[1:])))
+    day = 86400.0
+    now = 1_800_000_000.0 // day * day + 12 * 3600  # noon of a day
+    old = [_usage(i)._replace(ts=now - day * 40 - i) for i in range(5)]
+    today = [_usage(10 + i)._replace(ts=now - 3600 * (i + 1)) for i in range(3)]
+    store.usage.insert(old + today)
+    spend_before = store.usage.spend(now - 12 * 3600, now + day)
+    # Retention of 0.01 days would reach into today's window: the budget's window start holds it back.
+    rows, cutoff, held = purge(store, 0.01, "cli:root", now=now)
+    assert (rows, held) == (5, now - 12 * 3600) and cutoff == held
+    assert store.usage.spend(now - 12 * 3600, now + day) == spend_before
+    assert {r.request_id for r in store.usage.records()} == {f"req-{10 + i}" for i in range(3)}
+    assert store.usage.purged_before() == cutoff
+    entry = store.audit_log(1)[0]
+    assert (entry.action, orjson.loads(entry.after or "")["rows"]) == ("usage.purge", 5)
+    # Batches: one call deletes at most its batch, the oldest first.
+    store.usage.insert([_usage(20 + i)._replace(ts=now - day * 50 - i) for i in range(7)])
+    assert store.usage.prune(cutoff, 3) == 3
+    assert store.usage.purged_before() == cutoff  # never moves back
+    assert store.usage.prune(cutoff, 3) == 3 and store.usage.prune(cutoff, 3) == 1
+    assert store.usage.prune(cutoff, 3) == 0

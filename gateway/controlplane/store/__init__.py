@@ -2,23 +2,31 @@
 
 ``open_store`` picks the driver from ``Settings.database_url`` (``sqlite:///PATH``, the default under the
 data directory, or ``postgresql://…``), creates the data directory and applies pending migrations; both
-drivers run the same migrations and the same SQL. It does file and database I/O; the rest is in the
-private modules re-exported here.
+drivers run the same migrations and the same SQL. It also loads the secrets key that seals backend
+credentials (``gateway.controlplane.credentials``) and seals any stored in the clear by older versions.
+``unavailable_store`` stands in for a database that cannot be reached yet: every operation raises
+``StoreError``, which callers already treat as an outage. It does file and database I/O; the rest is in
+the private modules re-exported here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.config import Settings
+from gateway.config import Settings, load_hash_key
+from gateway.controlplane.credentials import Vault, load_vault
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
+from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, describe_owner
 from gateway.controlplane.store._store import (
     MANAGED_BY_API,
     MANAGED_BY_CLI,
     MANAGED_BY_FILE,
     AuditEntry,
+    BackendCredential,
     KeyInfo,
     PrincipalInfo,
     Store,
@@ -30,9 +38,12 @@ __all__ = [
     "MANAGED_BY_API",
     "MANAGED_BY_CLI",
     "MANAGED_BY_FILE",
+    "STORE_OWNER",
     "AuditEntry",
+    "BackendCredential",
     "Driver",
     "KeyInfo",
+    "OwnershipConflict",
     "PrincipalInfo",
     "SqliteDriver",
     "Store",
@@ -42,9 +53,12 @@ __all__ = [
     "Transaction",
     "apply_migrations",
     "available_migrations",
+    "describe_owner",
     "is_postgres_url",
     "open_store",
     "sqlite_path_from_url",
+    "store_vault",
+    "unavailable_store",
 ]
 
 _SQLITE_PREFIX = "sqlite:///"
@@ -61,8 +75,38 @@ def sqlite_path_from_url(url: str) -> Path:
     return Path(url[len(_SQLITE_PREFIX) :])
 
 
-def open_store(settings: Settings) -> Store:
-    """Open (creating if needed) and migrate the store ``settings`` names."""
+def store_vault(settings: Settings) -> Vault:
+    """The vault that seals this host's backend credentials (see ``credentials.load_vault``)."""
+    try:
+        hash_key = load_hash_key(settings.data_dir)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
+    return load_vault(settings.data_dir, hash_key)
+
+
+class _Unavailable:
+    """A driver for a database not reached yet: every transaction fails as an outage would."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    @contextmanager
+    def transaction(self, *, write: bool) -> Iterator[Transaction]:
+        raise StoreError(self.reason)
+        yield  # pragma: no cover  (makes this a generator)
+
+    def close(self) -> None:
+        pass
+
+
+def unavailable_store(reason: str) -> Store:
+    return Store(_Unavailable(reason))
+
+
+def open_store(settings: Settings, vault: Vault | None = None) -> Store:
+    """Open (creating if needed) and migrate the store ``settings`` names, with ``vault`` (default: the
+    host's, ``store_vault``) sealing backend credentials."""
+    vault = store_vault(settings) if vault is None else vault
     url = settings.database_url
     driver: Driver
     if is_postgres_url(url):
@@ -73,9 +117,11 @@ def open_store(settings: Settings) -> Store:
         path = sqlite_path_from_url(url)
         path.parent.mkdir(parents=True, exist_ok=True)
         driver = SqliteDriver(path)
+    store = Store(driver, vault)
     try:
         apply_migrations(driver)
+        store.seal_credentials(vault, actor="gateway (upgrade)", action="secrets.seal")
     except BaseException:
         driver.close()
         raise
-    return Store(driver)
+    return store

@@ -21,10 +21,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
+import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
+
+import orjson
 
 from gateway.controlplane.configfile import (
     LIMIT_FIELDS,
@@ -41,15 +44,19 @@ from gateway.controlplane.configfile import (
     RoleSpec,
     check_limit,
     check_name,
+    dump_config,
+    parse_config,
 )
+from gateway.controlplane.credentials import CredentialError, Vault, is_sealed
 from gateway.controlplane.routing_config import routing_from_rows, routing_rows
 from gateway.controlplane.store._driver import Driver, Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.controlplane.store._ownership import KINDS, STORE_OWNER, diff, merge
 from gateway.controlplane.store._usage import UsageStore
 from gateway.errors import ConfigError
 from gateway.keys import generate_secret, hash_secret
 
-__all__ = ["AuditEntry", "KeyInfo", "PrincipalInfo", "Store", "StoreState"]
+__all__ = ["AuditEntry", "BackendCredential", "KeyInfo", "PrincipalInfo", "Store", "StoreState"]
 
 Row = tuple[Any, ...]
 MANAGED_BY_FILE = "file"
@@ -92,9 +99,15 @@ class AuditEntry:
     id: str = ""
 
 
-def _write_audit(tx: Transaction, entry: AuditEntry | None) -> None:
-    if entry is None:
-        return
+@dataclass(frozen=True, slots=True)
+class BackendCredential:
+    """What may be shown about a backend's credential: where it came from and a fingerprint."""
+
+    source: str  # "inline" | "env:NAME" | "file:/path"
+    fingerprint: str  # first 8 hex of a keyed hash of the credential
+
+
+def _write_audit(tx: Transaction, entry: AuditEntry) -> None:
     tx.execute(
         "INSERT INTO audit_log (id, ts, actor, action, target, before_state, after_state) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -199,6 +212,14 @@ def _budget_from(values: Sequence[Any]) -> BudgetSpec | None:
 REVISION_CHANNEL = "gateway_config"
 
 
+class _Unreadable:
+    def __repr__(self) -> str:
+        return "<credential that does not open>"
+
+
+CREDENTIAL_UNREADABLE: Any = _Unreadable()
+
+
 def _bump_revision(tx: Transaction) -> int:
     tx.execute("UPDATE config_revision SET revision = revision + 1 WHERE id = 1")
     revision = int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
@@ -215,8 +236,9 @@ def _check_hash_free(tx: Transaction, key_hash: str, key_id: str | None, what: s
 class Store:
     """The store's operations over any ``Driver``. Methods are synchronous and thread-safe."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, vault: Vault | None = None) -> None:
         self._driver = driver
+        self.vault = vault  # None: backend credentials can be neither written nor read
         self.usage = UsageStore(driver)
 
     def __enter__(self) -> Store:
@@ -246,27 +268,35 @@ class Store:
         self,
         cfg: ConfigDoc,
         *,
+        actor: str,
+        owner: str = STORE_OWNER,
         hash_key: bytes | None = None,
         environ: Mapping[str, str] | None = None,
-        audit: AuditEntry | None = None,
+        action: str = "config.apply",
+        target: str | None = None,
+        entry: tuple[str | None, str | None] | None = None,
     ) -> int:
-        """Make the store match ``cfg`` in one transaction; returns the new revision.
+        """Apply ``cfg`` as ``owner`` (see ``_ownership``) in one transaction with its audit entry; returns
+        the new revision.
 
+        ``owner`` is ``"file:<path>"`` for a config file, which then owns what it declares, or the store
+        (the admin API and UI), which may not change what a file owns. ``actor`` is who did it, written
+        to the audit log with the entries added, removed and changed; ``entry`` replaces that diff with
+        the before and after of the one entry an API edit changed (JSON, credentials left out).
         ``hash_key`` is needed when a key carries a ``secret``; ``environ`` (default ``os.environ``)
-        resolves ``api_key_env``. Nothing is written when any of that fails.
+        resolves ``api_key_env``; ``api_key_file`` is read here. Nothing is written when any of that fails.
         """
-        env = os.environ if environ is None else environ
-        backend_keys: dict[str, str | None] = {}
+        unresolved: dict[str, ConfigError] = {}
+        resolved: list[BackendSpec] = []
         for i, b in enumerate(cfg.backends):
-            if b.api_key_env is not None:
-                value = env.get(b.api_key_env)
-                if not value:
-                    raise ConfigError(
-                        f"backends[{i}].api_key_env: environment variable {b.api_key_env} is not set"
-                    )
-                backend_keys[b.name] = value
-            else:
-                backend_keys[b.name] = b.api_key
+            try:
+                resolved.append(self._resolve_credential(i, b, environ))
+            except ConfigError as exc:
+                if owner != STORE_OWNER:
+                    raise
+                unresolved[b.name] = exc  # unless the store holds the credential this reference gave
+                resolved.append(b)
+        cfg = replace(cfg, backends=tuple(resolved))
         key_hashes: dict[str, str] = {}
         for k in cfg.keys:
             if k.secret is not None:
@@ -275,6 +305,37 @@ class Store:
                 key_hashes[k.name] = hash_secret(k.secret, hash_key).hex()
 
         with self._driver.transaction(write=True) as tx:
+            current = self._config_doc_in(tx, credentials=True)
+            owners_before = {
+                (r[0], r[1]): str(r[2]) for r in tx.query("SELECT kind, name, owner FROM config_owners")
+            }
+            if owner == STORE_OWNER:
+                # Credentials are write-only: an entry sent back as the API shows it (no credential, or
+                # the same variable or file as stored, which this process may not see) keeps the stored one.
+                stored = {b.name: b for b in current.backends}
+                kept: list[BackendSpec] = []
+                for b in cfg.backends:
+                    old = stored.get(b.name)
+                    same_source = old is not None and (b.api_key_env, b.api_key_file) in (
+                        (None, None),
+                        (old.api_key_env, old.api_key_file),
+                    )
+                    if old is not None and b.name in unresolved and same_source:
+                        b = replace(b, api_key=old.api_key)
+                    elif b.name in unresolved:
+                        raise unresolved[b.name]
+                    elif old is not None and b.api_key is None and b.api_key_env is None and same_source:
+                        b = _with_credential(b, old)
+                    kept.append(b)
+                cfg = replace(cfg, backends=tuple(kept))
+            merged, owners_after = merge(current, owners_before, cfg, owner)
+            # The result must hold together as a file would: a file may not remove a role that a
+            # store-owned principal still names, say. A result of the document's entries alone was
+            # checked when it was parsed (and the check costs as much as the rest of a large apply).
+            if _mixed(cfg, merged):
+                _validate(merged, "the configuration" if owner == STORE_OWNER else owner[5:])
+            sealed = self._seal_backends(tx, merged.backends)
+            cfg = merged
             # Link tables are rebuilt wholesale; entities are upserted so that unchanged rows keep their
             # identity, then whatever the document no longer names is deleted.
             for table in (
@@ -286,7 +347,7 @@ class Store:
                 "provider_model_backends",
             ):
                 tx.execute(f"DELETE FROM {table}")
-            self._apply_backends(tx, cfg.backends, backend_keys)
+            self._apply_backends(tx, cfg.backends, sealed)
             self._replace_names(tx, "provider_models", [m.name for m in cfg.provider_models])
             tx.executemany(
                 "UPDATE provider_models SET price_input = ?, price_output = ?, price_cached_input = ? "
@@ -339,8 +400,83 @@ class Store:
             tx.executemany(
                 "INSERT INTO routing_entries (kind, name, body) VALUES (?, ?, ?)", routing_rows(cfg)
             )
-            _write_audit(tx, audit)
+            tx.execute("DELETE FROM config_owners")
+            tx.executemany(
+                "INSERT INTO config_owners (kind, name, owner) VALUES (?, ?, ?)",
+                [(kind, name, by) for (kind, name), by in sorted(owners_after.items())],
+            )
+            if entry is None:
+                # Against the state as stored (ordered, secrets left out), not the document as sent.
+                after = self._config_doc_in(tx, credentials=True)
+                changes = diff(current, after, owners_before, owners_after)
+                before_text: str | None = None
+                after_text: str | None = _json(changes)
+            else:
+                before_text, after_text = entry
+            where = target or ("config" if owner == STORE_OWNER else owner)
+            _write_audit(tx, AuditEntry(actor, action, where, before_text, after_text))
             return _bump_revision(tx)
+
+    def _resolve_credential(self, i: int, b: BackendSpec, environ: Mapping[str, str] | None) -> BackendSpec:
+        """``b`` with ``api_key`` set to the credential its ``api_key_env`` or ``api_key_file`` names."""
+        if b.api_key_env is not None:
+            value = (os.environ if environ is None else environ).get(b.api_key_env)
+            if not value:
+                raise ConfigError(
+                    f"backends[{i}].api_key_env: environment variable {b.api_key_env} is not set"
+                )
+            return replace(b, api_key=value)
+        if b.api_key_file is not None:
+            try:
+                value = open(b.api_key_file, encoding="utf-8").read().strip()  # noqa: SIM115
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"backends[{i}].api_key_file: cannot read {b.api_key_file}: {exc}"
+                ) from None
+            if not value:
+                raise ConfigError(f"backends[{i}].api_key_file: {b.api_key_file} is empty")
+            return replace(b, api_key=value)
+        return b
+
+    def _seal_backends(
+        self, tx: Transaction, backends: Sequence[BackendSpec]
+    ) -> dict[str, tuple[Param, Param]]:
+        """Each backend's ``(sealed credential, fingerprint)``; an unchanged credential keeps its sealed
+        value, so that an apply that changes nothing rewrites nothing."""
+        stored = {
+            r[0]: (r[1], r[2]) for r in tx.query("SELECT name, api_key, api_key_fingerprint FROM backends")
+        }
+        out: dict[str, tuple[Param, Param]] = {}
+        for b in backends:
+            if b.api_key is None:
+                out[b.name] = (None, None)
+                continue
+            if self.vault is None:
+                raise CredentialError(
+                    "backend credentials need the secrets key, which this store was opened without"
+                )
+            old = stored.get(b.name)
+            if b.api_key is CREDENTIAL_UNREADABLE and old is not None:
+                out[b.name] = (old[0], old[1])  # kept sealed as it is: see _credential
+            elif old is not None and isinstance(old[0], str) and self._opens_to(b.name, old[0], b.api_key):
+                out[b.name] = (old[0], old[1])
+            else:
+                out[b.name] = (self.vault.seal(b.api_key, b.name), self.vault.fingerprint(b.api_key))
+        return out
+
+    def _opens_to(self, name: str, sealed: str, plaintext: str) -> bool:
+        try:
+            return self._open(name, sealed) == plaintext
+        except CredentialError:
+            return False
+
+    def _open(self, name: str, sealed: str) -> str:
+        if self.vault is None:
+            raise CredentialError(f"backend {name!r}: its credential needs the secrets key")
+        try:
+            return self.vault.open(sealed, name)
+        except CredentialError as exc:
+            raise CredentialError(f"backend {name!r}: {exc.message}") from None
 
     @staticmethod
     def _replace_names(tx: Transaction, table: str, names: Sequence[str]) -> None:
@@ -351,17 +487,19 @@ class Store:
 
     @staticmethod
     def _apply_backends(
-        tx: Transaction, backends: Sequence[BackendSpec], keys: dict[str, str | None]
+        tx: Transaction, backends: Sequence[BackendSpec], sealed: dict[str, tuple[Param, Param]]
     ) -> None:
         existing = {row[0] for row in tx.query("SELECT name FROM backends")}
         tx.executemany(
             "DELETE FROM backends WHERE name = ?", [(n,) for n in existing - {b.name for b in backends}]
         )
         tx.executemany(
-            "INSERT INTO backends (name, url, protocol, api_key, api_key_env, connect_timeout, "
-            "first_byte_timeout, read_timeout) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+            "INSERT INTO backends (name, url, protocol, api_key, api_key_fingerprint, api_key_env, "
+            "api_key_file, connect_timeout, first_byte_timeout, read_timeout) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (name) DO UPDATE SET url = excluded.url, protocol = excluded.protocol, "
             "api_key = excluded.api_key, api_key_env = excluded.api_key_env, "
+            "api_key_file = excluded.api_key_file, api_key_fingerprint = excluded.api_key_fingerprint, "
             "connect_timeout = excluded.connect_timeout, first_byte_timeout = excluded.first_byte_timeout, "
             "read_timeout = excluded.read_timeout",
             [
@@ -369,8 +507,9 @@ class Store:
                     b.name,
                     b.url,
                     b.protocol,
-                    keys[b.name],
+                    *sealed[b.name],
                     b.api_key_env,
+                    b.api_key_file,
                     b.connect_timeout,
                     b.first_byte_timeout,
                     b.read_timeout,
@@ -460,11 +599,13 @@ class Store:
         expires_at: float | None,
         hash_key: bytes,
         limits: LimitsSpec | None = None,
-        audit: AuditEntry | None = None,
         managed_by: str = MANAGED_BY_CLI,
+        *,
+        actor: str,
     ) -> tuple[str, str]:
         """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored.
-        ``managed_by`` says where it was made: ``cli`` or ``api`` (the admin API and web UI)."""
+        ``managed_by`` says where it was made: ``cli`` or ``api`` (the admin API and web UI); the audit
+        entry names ``actor``, the key and its principal."""
         if name is not None and (problem := check_name(name)):
             raise ConfigError(f"key name {problem}")
         for field, value in zip(LIMIT_FIELDS, _limit_params(limits), strict=True):
@@ -494,28 +635,98 @@ class Store:
                     *_limit_params(limits),
                 ),
             )
-            if audit is not None:
-                _write_audit(tx, replace(audit, target=key_id))
+            detail: dict[str, object] = {
+                "id": key_id,
+                "name": name,
+                "principal": principal,
+                "expires_at": expires_at,
+            }
+            detail["limits"] = (
+                None if limits is None else dict(zip(LIMIT_FIELDS, _limit_params(limits), strict=True))
+            )
+            _write_audit(tx, AuditEntry(actor, "key.create", f"keys/{name or key_id}", None, _json(detail)))
             _bump_revision(tx)
         return key_id, secret
 
-    def revoke_key(self, key_id_or_name: str, audit: AuditEntry | None = None) -> str:
+    def revoke_key(self, key_id_or_name: str, *, actor: str) -> str:
         """Revoke by id, or else by name; returns the key's id. Revoking a revoked key changes nothing
-        (and bumps nothing)."""
+        (and bumps nothing, and audits nothing)."""
+        sql = (
+            "SELECT k.id, k.revoked_at, k.name, p.name FROM api_keys k "
+            "LEFT JOIN principals p ON p.id = k.principal_id WHERE k."
+        )
         with self._driver.transaction(write=True) as tx:
-            rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE id = ?", (key_id_or_name,))
+            rows = tx.query(sql + "id = ?", (key_id_or_name,))
             if not rows:
-                rows = tx.query("SELECT id, revoked_at FROM api_keys WHERE name = ?", (key_id_or_name,))
+                rows = tx.query(sql + "name = ?", (key_id_or_name,))
             if not rows:
                 raise ConfigError(f"no key with id or name {key_id_or_name!r}")
             key_id = str(rows[0][0])
             if rows[0][1] is not None:
                 return key_id
             tx.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (time.time(), key_id))
-            if audit is not None:
-                _write_audit(tx, replace(audit, target=key_id))
+            detail = {"id": key_id, "name": rows[0][2], "principal": rows[0][3]}
+            _write_audit(
+                tx, AuditEntry(actor, "key.revoke", f"keys/{rows[0][2] or key_id}", None, _json(detail))
+            )
             _bump_revision(tx)
         return key_id
+
+    def key_name(self, key_id: str) -> str | None:
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query("SELECT name FROM api_keys WHERE id = ?", (key_id,))
+        return None if not rows or rows[0][0] is None else str(rows[0][0])
+
+    # --- ownership and credentials -----------------------------------------------------------------------
+
+    def owners(self) -> dict[tuple[str, str], str]:
+        """``(kind, name) -> "file:<path>"`` of every file-owned entry; the rest is the store's."""
+        with self._driver.transaction(write=False) as tx:
+            return {(r[0], r[1]): str(r[2]) for r in tx.query("SELECT kind, name, owner FROM config_owners")}
+
+    def backend_credentials(self) -> dict[str, BackendCredential]:
+        """Where each backend's credential came from, and its fingerprint; never the credential."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                "SELECT name, api_key_env, api_key_file, api_key_fingerprint FROM backends "
+                "WHERE api_key IS NOT NULL"
+            )
+        return {
+            r[0]: BackendCredential(
+                f"env:{r[1]}" if r[1] else f"file:{r[2]}" if r[2] else "inline", str(r[3] or "")
+            )
+            for r in rows
+        }
+
+    def seal_credentials(self, vault: Vault, *, actor: str, action: str = "secrets.rotate") -> int:
+        """Re-seal every backend credential with ``vault``'s current key (opening it with this store's
+        vault), in one transaction with its audit entry; also seals rows stored in the clear by versions
+        before encryption at rest. Returns how many were re-sealed; bumps the revision when any was."""
+        with self._driver.transaction(write=True) as tx:
+            rows = tx.query("SELECT name, api_key FROM backends WHERE api_key IS NOT NULL ORDER BY name")
+            updates: list[tuple[Param, ...]] = []
+            for name, value in rows:
+                if not isinstance(value, str) or (action != "secrets.rotate" and is_sealed(value)):
+                    continue
+                if action == "secrets.rotate" and vault.sealed_with_current(value):
+                    continue
+                plain = self._open(name, value) if is_sealed(value) else value
+                updates.append((vault.seal(plain, name), vault.fingerprint(plain), name))
+            if not updates:
+                return 0
+            tx.executemany("UPDATE backends SET api_key = ?, api_key_fingerprint = ? WHERE name = ?", updates)
+            detail = {"key_id": vault.current_id, "backends": [str(u[2]) for u in updates]}
+            _write_audit(tx, AuditEntry(actor, action, "backends", None, _json(detail)))
+            _bump_revision(tx)
+        self.vault = vault
+        return len(updates)
+
+    def audit(self, actor: str, action: str, target: str, detail: object = None) -> None:
+        """One audit entry for a write that is not a configuration change (a login, a usage purge)."""
+        with self._driver.transaction(write=True) as tx:
+            _write_audit(
+                tx, AuditEntry(actor, action, target, None, None if detail is None else _json(detail))
+            )
 
     # --- admin sessions ---------------------------------------------------------------------------------
 
@@ -618,55 +829,77 @@ class Store:
 
     def read_state(self, *, include_revoked_keys: bool = False) -> StoreState:
         """Every row, from one read transaction, so that they agree with each other and the revision."""
+        with self._driver.transaction(write=False) as tx:
+            return self._state_in(tx, include_revoked_keys)
+
+    def _state_in(self, tx: Transaction, include_revoked_keys: bool = False) -> StoreState:
+        """The rows, with each backend's credential opened: the snapshot carries it to the proxies. One
+        that does not open (a lost secrets key) becomes ``CREDENTIAL_UNREADABLE``, which the snapshot
+        builder skips like any bad row."""
         key_sql = f"SELECT {_KEY_COLUMNS} FROM api_keys"
         if not include_revoked_keys:
             key_sql += " WHERE revoked_at IS NULL"
-        with self._driver.transaction(write=False) as tx:
-            revision = int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
-            return StoreState(
-                revision=revision,
-                backends=tx.query(
-                    "SELECT name, url, protocol, api_key, api_key_env, connect_timeout, first_byte_timeout, "
-                    "read_timeout FROM backends ORDER BY name"
-                ),
-                provider_models=[r[0] for r in tx.query("SELECT name FROM provider_models ORDER BY name")],
-                provider_model_backends=tx.query(
-                    "SELECT provider_model, backend, upstream_model FROM provider_model_backends "
-                    "ORDER BY provider_model, seq"
-                ),
-                models=[r[0] for r in tx.query("SELECT name FROM models ORDER BY name")],
-                model_chain=tx.query("SELECT model, provider_model FROM model_chain ORDER BY model, seq"),
-                model_aliases=tx.query("SELECT alias, model FROM model_aliases ORDER BY model, alias"),
-                roles=[r[0] for r in tx.query("SELECT name FROM roles ORDER BY name")],
-                role_permissions=tx.query(
-                    "SELECT role, permission FROM role_permissions ORDER BY role, permission"
-                ),
-                principals=tx.query(f"SELECT id, name, {_LIMIT_COLUMNS} FROM principals ORDER BY name"),
-                principal_roles=tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role"),
-                principal_model_limits=tx.query(
-                    f"SELECT principal_id, model, {_LIMIT_COLUMNS} FROM principal_model_limits "
-                    "ORDER BY principal_id, model"
-                ),
-                keys=tx.query(key_sql),
-                prices=tx.query(
-                    f"SELECT name, {_PRICE_COLUMNS} FROM models WHERE price_input IS NOT NULL "
-                    f"UNION ALL SELECT name, {_PRICE_COLUMNS} FROM provider_models "
-                    "WHERE price_input IS NOT NULL ORDER BY 1"
-                ),
-                budgets=tx.query(
-                    f"SELECT id, {_BUDGET_COLUMNS} FROM principals "
-                    "WHERE budget_period IS NOT NULL ORDER BY id"
-                ),
-                routing=tx.query("SELECT kind, name, body FROM routing_entries ORDER BY kind, name"),
-            )
+        revision = int(tx.query("SELECT revision FROM config_revision WHERE id = 1")[0][0])
+        backends = []
+        for row in tx.query(
+            "SELECT name, url, protocol, api_key, api_key_env, connect_timeout, first_byte_timeout, "
+            "read_timeout FROM backends ORDER BY name"
+        ):
+            api_key = row[3]
+            if isinstance(api_key, str):
+                try:
+                    api_key = self._open(row[0], api_key)
+                except CredentialError:
+                    api_key = CREDENTIAL_UNREADABLE
+            backends.append((*row[:3], api_key, *row[4:]))
+        return StoreState(
+            revision=revision,
+            backends=backends,
+            provider_models=[r[0] for r in tx.query("SELECT name FROM provider_models ORDER BY name")],
+            provider_model_backends=tx.query(
+                "SELECT provider_model, backend, upstream_model FROM provider_model_backends "
+                "ORDER BY provider_model, seq"
+            ),
+            models=[r[0] for r in tx.query("SELECT name FROM models ORDER BY name")],
+            model_chain=tx.query("SELECT model, provider_model FROM model_chain ORDER BY model, seq"),
+            model_aliases=tx.query("SELECT alias, model FROM model_aliases ORDER BY model, alias"),
+            roles=[r[0] for r in tx.query("SELECT name FROM roles ORDER BY name")],
+            role_permissions=tx.query(
+                "SELECT role, permission FROM role_permissions ORDER BY role, permission"
+            ),
+            principals=tx.query(f"SELECT id, name, {_LIMIT_COLUMNS} FROM principals ORDER BY name"),
+            principal_roles=tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role"),
+            principal_model_limits=tx.query(
+                f"SELECT principal_id, model, {_LIMIT_COLUMNS} FROM principal_model_limits "
+                "ORDER BY principal_id, model"
+            ),
+            keys=tx.query(key_sql),
+            prices=tx.query(
+                f"SELECT name, {_PRICE_COLUMNS} FROM models WHERE price_input IS NOT NULL "
+                f"UNION ALL SELECT name, {_PRICE_COLUMNS} FROM provider_models "
+                "WHERE price_input IS NOT NULL ORDER BY 1"
+            ),
+            budgets=tx.query(
+                f"SELECT id, {_BUDGET_COLUMNS} FROM principals WHERE budget_period IS NOT NULL ORDER BY id"
+            ),
+            routing=tx.query("SELECT kind, name, body FROM routing_entries ORDER BY kind, name"),
+        )
 
     def config_doc(self) -> ConfigDoc:
         """The current configuration as a document: what ``apply_config`` would need to reproduce it.
 
         Keys come without secrets, and only those the file manages (CLI keys survive an apply anyway).
-        A backend whose key came from ``api_key_env`` is written with the variable's name, not its value.
+        Backends come without credentials, which are write-only (``backend_credentials`` says where each
+        came from): a backend whose key came from ``api_key_env`` or ``api_key_file`` keeps that name.
         """
-        st = self.read_state()
+        with self._driver.transaction(write=False) as tx:
+            return self._config_doc_in(tx, credentials=False)
+
+    def _config_doc_in(self, tx: Transaction, *, credentials: bool) -> ConfigDoc:
+        """``config_doc`` within ``tx``; ``credentials``: with each backend's credential opened (for the
+        apply that merges into it, never shown); one that does not open is ``CREDENTIAL_UNREADABLE``."""
+        st = self._state_in(tx)
+        files = {r[0]: r[1] for r in tx.query("SELECT name, api_key_file FROM backends")}
         pm_backends: dict[str, list[ProviderBackend]] = {}
         for pm, backend, upstream in st.provider_model_backends:
             pm_backends.setdefault(pm, []).append(ProviderBackend(backend, upstream))
@@ -693,12 +926,13 @@ class Store:
                     name,
                     url,
                     protocol,
-                    None if env_name else api_key,
+                    _credential(name, api_key) if credentials else None,
                     env_name,
                     float(ct),
                     float(fb),
                     float(rt),
                     **routing.backends.get(name, {}),
+                    api_key_file=files.get(name),
                 )
                 for name, url, protocol, api_key, env_name, ct, fb, rt in st.backends
             ),
@@ -740,6 +974,40 @@ class Store:
             pools=routing.pools,
             fallback=routing.fallback,
         )
+
+
+def _credential(name: str, value: object) -> Any:
+    """A stored credential for the merge: opened, or ``CREDENTIAL_UNREADABLE``, which an apply that does
+    not give the backend a new one keeps as it is stored (a lost key must not cost every other write)."""
+    return value if isinstance(value, str) or value is CREDENTIAL_UNREADABLE else None
+
+
+def _with_credential(b: BackendSpec, stored: BackendSpec) -> BackendSpec:
+    return replace(
+        b, api_key=stored.api_key, api_key_env=stored.api_key_env, api_key_file=stored.api_key_file
+    )
+
+
+def _mixed(doc: ConfigDoc, merged: ConfigDoc) -> bool:
+    """Whether ``merged`` holds entries ``doc`` does not (other owners')."""
+    return merged.fallback != doc.fallback or any(
+        len(getattr(merged, kind)) != len(getattr(doc, kind)) for kind in KINDS
+    )
+
+
+def _validate(doc: ConfigDoc, where: str) -> None:
+    """Check ``doc`` as the file parser would (references, duplicates), credentials and secrets left out
+    (they were checked when given, and an opened credential beside its variable's name is no error)."""
+    public = replace(
+        doc,
+        backends=tuple(replace(b, api_key=None) for b in doc.backends),
+        keys=tuple(replace(k, secret=None) for k in doc.keys),
+    )
+    parse_config(tomllib.loads(dump_config(public)), where)
+
+
+def _json(value: object) -> str:
+    return orjson.dumps(value).decode()
 
 
 def _model_limits_by_principal(rows: Sequence[Row]) -> dict[str, tuple[tuple[str, LimitsSpec], ...]]:

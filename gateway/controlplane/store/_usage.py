@@ -109,6 +109,39 @@ class UsageStore:
                 new.append(record)
         return new
 
+    def prune(self, before: float, batch: int) -> int:
+        """Delete up to ``batch`` of the oldest records that ended before ``before``, in one short
+        transaction; returns how many went. ``purged_before`` then says from when on records are whole."""
+        with self._driver.transaction(write=True) as tx:
+            rows = tx.query(
+                "SELECT request_id, ts FROM usage_records WHERE ts < ? ORDER BY ts LIMIT ?", (before, batch)
+            )
+            if not rows:
+                tx.execute(
+                    "UPDATE usage_retention SET purged_before = ? WHERE id = 1 AND purged_before < ?",
+                    (before, before),
+                )
+                return 0
+            for i in range(0, len(rows), _CHUNK):
+                chunk = [r[0] for r in rows[i : i + _CHUNK]]
+                tx.execute(
+                    f"DELETE FROM usage_records WHERE request_id IN ({', '.join(['?'] * len(chunk))})", chunk
+                )
+            # Everything older than the newest record deleted is gone too (the batch was the oldest);
+            # when the batch was not full, everything before ``before`` is.
+            done = before if len(rows) < batch else float(rows[-1][1])
+            tx.execute(
+                "UPDATE usage_retention SET purged_before = CASE WHEN purged_before < ? THEN ? "
+                "ELSE purged_before END, purged_rows = purged_rows + ? WHERE id = 1",
+                (done, done, len(rows)),
+            )
+            return len(rows)
+
+    def purged_before(self) -> float:
+        """Records that ended before this time may have been purged (0.0: none ever were)."""
+        with self._driver.transaction(write=False) as tx:
+            return float(tx.query("SELECT purged_before FROM usage_retention WHERE id = 1")[0][0])
+
     def count(self) -> int:
         with self._driver.transaction(write=False) as tx:
             return int(tx.query("SELECT COUNT(*) FROM usage_records")[0][0])

@@ -131,3 +131,10 @@ export function compactJson(value) {
 export function field(label, control, hint) {
   return h("label", { class: "field" }, h("span", {}, label), control, hint ? h("small", {}, hint) : null);
 }
+
+// Who owns a configuration entry: a config file (read-only in the UI and the API: edit the file and
+// reload it) or the store (made through the API or this UI).
+export function ownerText(owner) {
+  if (!owner || owner === "store") return "store (API / UI)";
+  return h("span", { class: "owner-file", title: "read-only here: edit the file and reload it" }, `file ${owner.slice(5)} (read-only)`);
+}

@@ -37,6 +37,16 @@ function gate(g) {
   return `${fmtNum(g.in_flight ?? 0)} / ${fmtNum(g.ceiling)} · ${fmtNum(g.queued ?? 0)} queued`;
 }
 
+// A control plane whose database does not answer serves its last snapshot: degraded, with since when.
+function hostStatus(x) {
+  if (x.store && x.store.state !== "ok") {
+    const since = x.store.since ? ` since ${fmtTime(x.store.since)}` : "";
+    return h("span", { title: x.store.error || "" }, badge("degraded", "bad"), ` store unreachable${since}`);
+  }
+  if (x.control_plane === "unreachable") return badge("degraded", "bad");
+  return badge("ok", "ok");
+}
+
 function draw(body, hosts) {
   const workers = [];
   const backends = [];
@@ -57,6 +67,7 @@ function draw(body, hosts) {
           ["Host", (x) => x.host],
           ["Role", (x) => x.role],
           ["Listen", (x) => x.listen],
+          ["Status", hostStatus],
           ["Reported", (x) => (x.control_plane === "self" ? "this control plane" : `${fmtDuration(x.age_s)} ago`)],
           ["In flight", (x) => fmtNum(x.in_flight), "num"],
           ["Usage pending", (x) => fmtNum(x.usage_pending), "num"],

@@ -2,7 +2,7 @@
 // limits and budgets, and (with config:write) an editor for them. Forms and buttons appear only for the
 // permissions the session holds; the API checks them again.
 
-import { DASH, badge, clear, errorBox, field, fmtLimits, fmtNum, fmtTime, h, section, table } from "./dom.js";
+import { DASH, badge, clear, errorBox, field, fmtLimits, fmtNum, fmtTime, h, ownerText, section, table } from "./dom.js";
 
 const LIMIT_FIELDS = [
   ["requests_per_minute", "Requests / minute"],
@@ -224,10 +224,14 @@ export async function render(main, ctx) {
             (p) => Object.entries(p.model_limits || {}).map(([m, l]) => `${m}: ${fmtLimits(l)}`).join("; "),
           ],
           ["Budget", (p) => budgetText(p, spend.get(p.name))],
+          ["Owner", (p) => ownerText(p.owner)],
           [
             "",
             (p) =>
-              editor ? h("button", { type: "button", class: "write edit", onclick: () => editor.load(p) }, "Edit") : [],
+              // A principal a config file owns is read-only here (the API would answer 409).
+              editor && (!p.owner || p.owner === "store")
+                ? h("button", { type: "button", class: "write edit", onclick: () => editor.load(p) }, "Edit")
+                : [],
           ],
         ],
         people,

@@ -1,7 +1,7 @@
 // Models: frontend models with their routing rules, provider models, backends, pools, and the dry-run
 // form (paste a request, see which rule matched and where it would go).
 
-import { DASH, compactJson, errorBox, field, fmtNum, h, section, table } from "./dom.js";
+import { DASH, compactJson, errorBox, field, fmtNum, h, ownerText, section, table } from "./dom.js";
 
 function price(p) {
   if (!p) return DASH;
@@ -147,6 +147,12 @@ function dryRunForm(ctx, modelNames, principalNames) {
   return [h("p", { class: "muted" }, "Paste a request: the answer names the rule that matches and the targets, in order, nothing is sent."), form, out];
 }
 
+function credential(b) {
+  if (!b.api_key_fingerprint) return DASH;
+  // Credentials are write-only: where it came from and a fingerprint, never the key.
+  return [b.api_key_source || "inline", " ", h("code", {}, b.api_key_fingerprint)];
+}
+
 export async function render(main, ctx) {
   main.append(h("h1", {}, "Models"));
   const [models, providerModels, backends, pools, principals] = await Promise.all([
@@ -166,6 +172,7 @@ export async function render(main, ctx) {
           ["Chain", (m) => (m.chain || []).join(" → ")],
           ["Price", (m) => price(m.price)],
           ["Rules", (m) => fmtNum((m.rules || []).length), "num"],
+          ["Owner", (m) => ownerText(m.owner)],
         ],
         models,
         "No frontend models.",
@@ -189,6 +196,7 @@ export async function render(main, ctx) {
                 .join(", "),
           ],
           ["Price", (m) => price(m.price)],
+          ["Owner", (m) => ownerText(m.owner)],
         ],
         providerModels,
         "No provider models.",
@@ -224,6 +232,8 @@ export async function render(main, ctx) {
           ["URL", (b) => b.url],
           ["Protocol", (b) => b.protocol],
           ["Timeouts (connect / first byte / read)", (b) => [b.connect_timeout, b.first_byte_timeout, b.read_timeout].map((t) => (t === undefined ? DASH : `${t} s`)).join(" / ")],
+          ["Credential", credential],
+          ["Owner", (b) => ownerText(b.owner)],
         ],
         backends,
         "No backends.",
