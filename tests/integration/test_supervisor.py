@@ -170,8 +170,7 @@ def test_sigterm_lets_a_stream_finish_then_exits_zero(tmp_path, engine: MockEngi
             "model": "mock-model",
             "messages": [{"role": "user", "content": "q"}],
             "max_tokens": 20,
-            "stream": True,
-            "stream_options": {"include_usage": True},  # what the gateway asks for on the client's behalf
+            "stream": True,  # the client asked for no usage: the gateway withholds the chunk it asked for
         },
     ).content
     assert body.count(b"data: ") == direct.count(b"data: ")
