@@ -181,7 +181,7 @@ def create(
         }
     usage = {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": n if tool is None else 8,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + (n if tool is None else 8),
