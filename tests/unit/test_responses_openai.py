@@ -13,6 +13,7 @@ import pydantic
 import pytest
 
 from gateway.errors import BadRequest
+from gateway.protocol import openai_anthropic, openai_gemini
 from gateway.protocol.anthropic import BadUpstreamResponse
 from gateway.protocol.responses_openai import (
     Echo,
@@ -466,3 +467,20 @@ def test_no_usage_reported_means_none() -> None:
     got, stream = run(sse(TEXT_STREAM[:-1]))
     assert stream.usage() is None
     assert got[-1]["response"]["usage"]["total_tokens"] == 0
+
+
+def test_the_recorded_codex_turn_goes_on_to_anthropic_and_gemini() -> None:
+    """Through both translators, as the dialects chain them for those backends."""
+    _, doc = inspect_request(orjson.dumps(CODEX))
+    chat = request_to_chat(doc, "up")
+    messages = orjson.loads(openai_anthropic.request_to_anthropic(chat, "claude", 4096))
+    assert [m["role"] for m in messages["messages"]] == ["user", "assistant", "user"]
+    assert messages["messages"][1]["content"][0]["type"] == "tool_use"
+    assert messages["messages"][2]["content"][0]["type"] == "tool_result"
+    assert isinstance(messages["system"], str) and messages["stream"] is True
+    suffix, body = openai_gemini.request_to_gemini(chat)
+    gemini = orjson.loads(body)
+    assert suffix == ":streamGenerateContent?alt=sse"
+    assert [c["role"] for c in gemini["contents"]] == ["user", "model", "user"]
+    names = {f["name"] for f in gemini["tools"][0]["functionDeclarations"]}
+    assert names == {t["function"]["name"] for t in orjson.loads(chat)["tools"]}
