@@ -62,6 +62,7 @@ def config(urls: dict[str, str]) -> str:
         '[[models]]\nname = "chat"\nchain = ["pm-chatonly"]\n',
         '[[models]]\nname = "claude"\nchain = ["pm-claude"]\n',
         '[[models]]\nname = "gem"\nchain = ["pm-gem"]\n',
+        '[[models]]\nname = "mixed"\nchain = ["pm-chatonly", "pm-vllm"]\n',
         '[[roles]]\nname = "user"\npermissions = ["model/*"]\n',
         '[[principals]]\nname = "alice"\nroles = ["user"]\n',
     ]
@@ -235,3 +236,26 @@ def test_bad_responses_requests_get_openai_errors(env: Env) -> None:
         assert r.json()["error"]["param"] == param
     r = httpx.get(env.gw.url + "/v1/responses", headers=headers)
     assert r.status_code == 405
+
+
+def test_a_request_a_translation_refuses_goes_to_a_native_target(env: Env) -> None:
+    """previous_response_id cannot be translated: failover passes the chat backend over (not a try) and
+    the native one, which stores responses, serves it."""
+    first = env.client.responses.create(model="native", input="remember me")
+    follow = env.client.responses.create(model="mixed", input="and then?", previous_response_id=first.id)
+    assert follow.previous_response_id == first.id
+    plain = env.client.responses.create(model="mixed", input="hi")
+    assert plain.id.startswith("resp_chatcmpl-")  # translated: the chat backend came first
+
+
+@pytest.mark.parametrize("model", ["chat", "claude", "gem"])
+def test_backend_errors_reach_the_client_in_the_openai_envelope(env: Env, model: str) -> None:
+    backend = {"chat": "chatonly", "claude": "claude", "gem": "gem"}[model]
+    engine = env.engines[backend]
+    engine.configure(fail_status=400, fail_count=1)
+    try:
+        with pytest.raises(openai.BadRequestError) as info:
+            env.client.responses.create(model=model, input="hi")
+    finally:
+        engine.reset()
+    assert "injected failure with status 400" in info.value.message
