@@ -4,8 +4,9 @@ calls Codex's shell tool, Codex runs it and sends the output back, the engine an
 every request is billed; against a backend that serves the Responses API itself and against the three
 kinds the gateway translates it for (chat completions, Anthropic Messages, Gemini).
 
-The binary comes from ``CODEX_BIN``, else the project's agent folder (``scripts/install-agents``), else
-``PATH``. Without it the tests are skipped, unless ``GATEWAY_TEST_STRICT=1`` makes that a failure.
+The binary comes from ``CODEX_BIN``, else the project's agent folder (``.agents/``, installed by
+``scripts/agents.sh``), else ``PATH``. Without it the tests are skipped, unless ``GATEWAY_TEST_STRICT=1``
+makes that a failure.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def codex() -> str:
                 "the Codex CLI is not installed (CODEX_BIN, .agents/, PATH) and GATEWAY_TEST_STRICT=1"
             )
         pytest.skip(
-            "the Codex CLI is not installed (set CODEX_BIN or install it with scripts/install-agents)"
+            "the Codex CLI is not installed (set CODEX_BIN or install it with scripts/agents.sh)"
         )
     return binary
 
