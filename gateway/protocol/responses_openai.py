@@ -267,7 +267,7 @@ def _user_content(content: Any, path: str) -> Any:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS:
-            parts.append({"type": "text", "text": _str(part, "text", f"{path}.{j}")})
+            parts.append({"type": "text", "text": _part_text(part, f"{path}.{j}")})
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
@@ -301,8 +301,13 @@ def _joined(content: Any, path: str) -> str:
                 f"{path}.{j}.type: {kind!r} parts cannot be translated here; text only",
                 param=f"{path}.{j}.type",
             )
-        texts.append(_str(part, "text", f"{path}.{j}"))
+        texts.append(_part_text(part, f"{path}.{j}"))
     return "\n".join(texts)
+
+
+def _part_text(part: dict[str, Any], path: str) -> str:
+    """A text part's text; a refusal part (an earlier answer's) carries it under ``refusal``."""
+    return _str(part, "refusal" if part.get("type") == "refusal" else "text", path)
 
 
 def _str(obj: dict[str, Any], key: str, path: str) -> str:
