@@ -384,7 +384,8 @@ class ProxyApp:
         if path == _RESPONSES or path.startswith(_RESPONSES + "/"):
             default = self.settings.default_completion_tokens
             if path != _RESPONSES:  # a stored response: bodiless, routed by ?model= (cancel's POST too)
-                info = self.inspect(body, "", method if body else "GET", qs)
+                # Nothing is generated: no completion tokens reserved (dialects bills it nothing).
+                info = self.inspect(body, "", method if body else "GET", qs)._replace(max_tokens=0)
                 return Outgoing("responses", method, path_qs, forwarded, body, info, None, default)
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")

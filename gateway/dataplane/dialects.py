@@ -104,6 +104,35 @@ class _Metered:
         return None
 
 
+class _Unbilled:
+    """A stored response's resource relayed verbatim: it generates nothing, so it is billed nothing (its
+    body repeats the usage of the response it stores, which the tail parser would otherwise bill again)."""
+
+    verbatim = True
+    _NONE = Usage(0, 0, 0, 0)
+
+    def whole(self, body: bytes) -> bytes:
+        return body
+
+    def feed(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def finish(self) -> bytes:
+        return b""
+
+    def error(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def usage(self) -> Usage | None:
+        return self._NONE
+
+    def ping(self) -> bytes | None:
+        return None
+
+
+_UNBILLED = _Unbilled()
+
+
 class _StreamTranslator(Protocol):
     def feed(self, chunk: bytes) -> bytes: ...
 
@@ -270,9 +299,10 @@ class Outgoing:
     # -- the Responses API -------------------------------------------------------------------------------
     def _responses(self, target: Target) -> Upstream:
         backend = target.backend
-        if backend.protocol == "openai" and backend.responses_api:
-            return Upstream(self.path_qs, self._bearer(target, self.headers), self._spliced(target), None)
         doc, info = self.responses, self.info
+        if backend.protocol == "openai" and backend.responses_api:
+            unbilled = None if doc is not None else _UNBILLED
+            return Upstream(self.path_qs, self._bearer(target, self.headers), self._spliced(target), unbilled)
         if doc is None or info is None:  # a stored response's resource: only a native backend has them
             raise BadRequest(
                 f"backend {backend.name!r} does not store responses: the gateway translates the Responses "

@@ -48,9 +48,7 @@ def codex() -> str:
             pytest.fail(
                 "the Codex CLI is not installed (CODEX_BIN, .agents/, PATH) and GATEWAY_TEST_STRICT=1"
             )
-        pytest.skip(
-            "the Codex CLI is not installed (set CODEX_BIN or install it with scripts/agents.sh)"
-        )
+        pytest.skip("the Codex CLI is not installed (set CODEX_BIN or install it with scripts/agents.sh)")
     return binary
 
 

@@ -259,3 +259,15 @@ def test_backend_errors_reach_the_client_in_the_openai_envelope(env: Env, model:
     finally:
         engine.reset()
     assert "injected failure with status 400" in info.value.message
+
+
+def test_retrieving_a_stored_response_bills_nothing(env: Env) -> None:
+    """The stored response repeats its usage; the retrieval generated nothing and is recorded at zero."""
+    resp = env.client.responses.create(model="native", input="count me once")
+    assert resp.usage is not None and resp.usage.total_tokens > 0
+    before = env.settled()
+    got = env.client.responses.retrieve(resp.id, extra_query={"model": "native"})
+    assert got.usage is not None and got.usage.total_tokens == resp.usage.total_tokens
+    rec = env.record_of(before)
+    assert (rec.model, rec.status, rec.usage_source) == ("native", 200, "reported")
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.total_tokens) == (0, 0, 0)
