@@ -6,8 +6,9 @@ in, ``Reply`` / ``StreamReply`` values out; the store of responses is an in-memo
 ``response.output_text.delta``, ``response.function_call_arguments.delta``, the matching ``.done``
 events, ``response.completed``). Like a model driving an agent, it calls a tool when the request offers
 function tools and the conversation has no tool result since the user last spoke, and answers with text
-(``tok tok …``) once it has one — so an agent (Codex) ends its turn on its own. A call's arguments fill
-the tool's required parameters from its JSON schema (a command parameter gets ``echo mock-engine``).
+(``tok tok …``) once it has one — so an agent (Codex) ends its turn on its own. Which tool and its
+arguments are the mock's agent rules (``agent``: a harmless listing or shell tool first, values for the
+schema's required parameters); a named ``tool_choice`` or ``required`` forces a call.
 
 Responses with ``store`` (the API's default) are kept, at most ``STORE_LIMIT`` of them, for
 ``GET`` / ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``; ``previous_response_id``
@@ -22,12 +23,12 @@ from typing import Any
 
 import orjson
 
+from gateway.mockengine.agent import arguments_for, choose_tool
 from gateway.mockengine.responses import JSON_HEADERS, MockRequestError, Reply, StreamReply, count_words
 
 __all__ = ["STORE_LIMIT", "ResponseStore", "create"]
 
 STORE_LIMIT = 1000
-_COMMAND_NAMES = frozenset({"cmd", "command", "commands", "script"})
 _TOOL_RESULTS = frozenset({"function_call_output", "custom_tool_call_output"})
 
 
@@ -91,46 +92,25 @@ def _words(items: list[dict[str, Any]]) -> int:
 
 
 def _wants_tool(req: Mapping[str, Any], history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The tool to call now, or None for a text answer (no tools, ``none``, or a tool result after the
-    user's last message)."""
+    """The tool to call now, or None for a text answer: no function tools, ``none``, or a tool result
+    after the user's last message — unless the choice forces a call (a named tool, ``required``), which a
+    model obeys even then."""
     tools = [t for t in req.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
-    if not tools or req.get("tool_choice") == "none":
-        return None
-    for item in reversed(history):
-        if item.get("type") in _TOOL_RESULTS:
-            return None
-        if item.get("role") == "user":
-            break
     choice = req.get("tool_choice")
+    if not tools or choice == "none":
+        return None
     if isinstance(choice, dict) and isinstance(choice.get("name"), str):
         named = [t for t in tools if t.get("name") == choice["name"]]
         if named:
             return named[0]
-    return tools[0]
-
-
-def _argument(name: str, schema: Any) -> Any:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind == "array":
-        return ["echo", "mock-engine"] if name in _COMMAND_NAMES else []
-    if kind in ("integer", "number"):
-        return 1
-    if kind == "boolean":
-        return False
-    if kind == "object":
-        return {}
-    return "echo mock-engine" if name in _COMMAND_NAMES else "mock"
-
-
-def _arguments(tool: dict[str, Any]) -> str:
-    parameters = tool.get("parameters")
-    if not isinstance(parameters, dict):
-        return "{}"
-    properties = parameters.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
-    required = parameters.get("required")
-    names = [n for n in required if isinstance(n, str)] if isinstance(required, list) else []
-    return orjson.dumps({n: _argument(n, properties.get(n)) for n in names}).decode()
+    if choice != "required":
+        for item in reversed(history):
+            if item.get("type") in _TOOL_RESULTS:
+                return None
+            if item.get("role") == "user":
+                break
+    name, _ = choose_tool([(t.get("name") or "", t.get("parameters")) for t in tools])
+    return next(t for t in tools if t.get("name") == name)
 
 
 def _budget(req: Mapping[str, Any], tokens: int) -> tuple[int, bool]:
@@ -165,7 +145,7 @@ def create(
             "type": "function_call",
             "call_id": call_id,
             "name": tool.get("name"),
-            "arguments": _arguments(tool),
+            "arguments": orjson.dumps(arguments_for(tool.get("parameters"))).decode(),
             "status": "completed",
         }
         capped = False

@@ -77,13 +77,28 @@ def test_a_tool_call_until_the_tool_has_answered(req: dict[str, Any], kind: str)
 
 
 def test_call_arguments_fill_the_required_parameters() -> None:
-    (item,) = whole(
-        {"input": "hi", "tools": [OTHER, SHELL], "tool_choice": {"type": "function", "name": "exec_command"}}
-    )["output"]
+    """The mock's agent rules (gateway.mockengine.agent): the harmless shell tool before another, values
+    for the required parameters only."""
+    (item,) = whole({"input": "hi", "tools": [OTHER, SHELL]})["output"]
     assert item["name"] == "exec_command"
-    assert orjson.loads(item["arguments"]) == {"cmd": "echo mock-engine", "yield_time_ms": 1, "tty": False}
-    (first,) = whole({"input": "hi", "tools": [OTHER, SHELL]})["output"]
-    assert first["name"] == "lookup" and first["arguments"] == "{}"
+    assert orjson.loads(item["arguments"]) == {"cmd": "ls", "yield_time_ms": 1, "tty": False}
+    (named,) = whole(
+        {"input": "hi", "tools": [OTHER, SHELL], "tool_choice": {"type": "function", "name": "lookup"}}
+    )["output"]
+    assert named["name"] == "lookup" and named["arguments"] == "{}"
+
+
+@pytest.mark.parametrize(
+    "choice", [{"type": "function", "name": "exec_command"}, "required"], ids=["named", "required"]
+)
+def test_a_forced_choice_calls_even_after_a_tool_result(choice: Any) -> None:
+    history = [
+        {"role": "user", "content": "hi"},
+        {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "ok"},
+    ]
+    (item,) = whole({"input": history, "tools": [SHELL], "tool_choice": choice})["output"]
+    assert item["type"] == "function_call"
 
 
 def test_text_usage_and_the_cap() -> None:
