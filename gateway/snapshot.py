@@ -34,8 +34,9 @@ Document schema (``schema`` = 1)::
 A frontend route may carry ``"rules"``: ``[{"name", "when": {...}, "action": "route" | "refuse" |
 "delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model], ...]}], "status",
 "message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes ``when``). A backend may carry
-flow-control settings (``max_concurrency``, ``waiting_high_water``, ``queue_size``, ``queue_timeout``) and
-``health_path``; a principal its role names (``"roles"``), which rules may test.
+flow-control settings (``max_concurrency``, ``waiting_high_water``, ``queue_size``, ``queue_timeout``),
+``health_path`` and ``responses_api`` (true: it serves ``/v1/responses`` itself); a principal its role
+names (``"roles"``), which rules may test.
 
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
@@ -92,6 +93,9 @@ class Backend:
     queue_size: int = 64  # requests a host lets wait for the gate; past it, 503 at once
     queue_timeout: float = 5.0  # how long one waits before its 503
     health_path: str | None = None  # active probe (GET); None: no probe beyond the metrics scrape
+    # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
+    # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
+    responses_api: bool = False
 
 
 def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
@@ -110,6 +114,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             queue_size=int(b.get("queue_size", 64)),
             queue_timeout=float(b.get("queue_timeout", 5.0)),
             health_path=b.get("health_path"),
+            responses_api=b.get("responses_api") is True,
         )
         for name, b in doc.get("backends", {}).items()
     }

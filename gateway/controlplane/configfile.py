@@ -97,6 +97,7 @@ class BackendSpec:
     health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
+    responses_api: bool | None = None  # true: serves /v1/responses itself (openai backends only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +325,7 @@ _BACKEND_FIELDS = (
     "queue_size",
     "queue_timeout",
     "health_path",
+    "responses_api",
 )
 _SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
 T = TypeVar("T")
@@ -458,6 +460,13 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
     ):
         p.add(f"{place}.health_path", 'must be a path starting with "/" (or "" for no probe)')
         ok = False
+    responses_api = item.get("responses_api")
+    if responses_api is not None and not isinstance(responses_api, bool):
+        p.add(f"{place}.responses_api", "must be true or false")
+        ok = False
+    elif responses_api is True and protocol != "openai":
+        p.add(f"{place}.responses_api", "only an openai backend can serve the Responses API itself")
+        ok = False
     if not ok or name is None or None in timeouts:
         return None
     connect, first_byte, read = (t for t in timeouts if t is not None)
@@ -476,6 +485,7 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
         queue_timeout=queue_timeout,
         health_path=health_path,
         api_key_file=api_key_file,
+        responses_api=responses_api,
     )
 
 
@@ -826,7 +836,14 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines.append(f"connect_timeout = {b.connect_timeout!r}")
         lines.append(f"first_byte_timeout = {b.first_byte_timeout!r}")
         lines.append(f"read_timeout = {b.read_timeout!r}")
-        for key in ("max_concurrency", "waiting_high_water", "queue_size", "queue_timeout", "health_path"):
+        for key in (
+            "max_concurrency",
+            "waiting_high_water",
+            "queue_size",
+            "queue_timeout",
+            "health_path",
+            "responses_api",
+        ):
             value = getattr(b, key)
             if value is not None:
                 lines.append(f"{key} = {toml_value(value)}")

@@ -374,7 +374,16 @@ def rule_when_doc(when: dict[str, Any]) -> dict[str, Any]:
 
 # --- the store's form: one (kind, name, JSON) row per entry -------------------------------------------------
 
-BACKEND_FLOW_FIELDS = ("max_concurrency", "waiting_high_water", "queue_size", "queue_timeout", "health_path")
+# A backend's settings kept beside its store row: flow control, its probe, and whether it serves the
+# Responses API itself.
+BACKEND_FLOW_FIELDS = (
+    "max_concurrency",
+    "waiting_high_water",
+    "queue_size",
+    "queue_timeout",
+    "health_path",
+    "responses_api",
+)
 
 
 def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:

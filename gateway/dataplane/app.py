@@ -43,6 +43,7 @@ from gateway.native import top_members
 from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.protocol.paths import check_client_path
+from gateway.protocol.responses_openai import inspect_request as inspect_responses
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
@@ -68,6 +69,8 @@ _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
 _MESSAGES = "/v1/messages"
 _COUNT_TOKENS = "/v1/messages/count_tokens"
+# OpenAI's Responses API: POST creates; its sub-resources (a stored response) name the model in the query.
+_RESPONSES = "/v1/responses"
 
 
 class ProxyApp:
@@ -378,6 +381,16 @@ class ProxyApp:
                 req,
                 self.settings.default_completion_tokens,
             )
+        if path == _RESPONSES or path.startswith(_RESPONSES + "/"):
+            default = self.settings.default_completion_tokens
+            if path != _RESPONSES:  # a stored response: bodiless, routed by ?model= (cancel's POST too)
+                # Nothing is generated: no completion tokens reserved (dialects bills it nothing).
+                info = self.inspect(body, "", method if body else "GET", qs)._replace(max_tokens=0)
+                return Outgoing("responses", method, path_qs, forwarded, body, info, None, default)
+            if method != "POST":
+                raise MethodNotAllowed(f"{path} takes POST")
+            info, doc = inspect_responses(body)
+            return Outgoing("responses", method, path_qs, forwarded, body, info, None, default, responses=doc)
         info = self.inspect(body, headers.get("content-type") or "", method, qs)
         return Outgoing(
             "openai", method, path_qs, forwarded, body, info, None, self.settings.default_completion_tokens

@@ -1,13 +1,20 @@
 """Speaking each backend's protocol: what one target of a request is sent, and how its answer is turned
 into the client's protocol.
 
-The client speaks OpenAI (``/v1/*``) or Anthropic (``/v1/messages``); a backend declares ``openai``,
-``anthropic`` or ``gemini``. Same protocol on both sides: the client's bytes go as they came (the model's
-value aside) and the answer comes back untouched — an Anthropic answer is only metered as it passes
-(``AnthropicUsageMeter``), since the tail parser reads OpenAI usage. Different protocols: the body is
+The client speaks OpenAI (``/v1/*``), OpenAI's Responses API (``/v1/responses``) or Anthropic
+(``/v1/messages``); a backend declares ``openai``, ``anthropic`` or ``gemini``. Same protocol on both
+sides: the client's bytes go as they came (the model's value aside) and the answer comes back untouched —
+an Anthropic answer is only metered as it passes (``AnthropicUsageMeter``), since the tail parser reads
+OpenAI usage. Different protocols: the body is
 translated by the sans-I/O translator named after the pair (``gateway.protocol.<client>_<backend>``), the
 answer too, event by event for a stream, and usage is read from the translator. An Anthropic client in
 front of a Gemini backend goes through both translators, with OpenAI's shape in between.
+
+Responses API requests go verbatim to OpenAI backends marked ``responses_api`` (vLLM serves
+``/v1/responses``), stored-response resources (``GET``/``DELETE /v1/responses/{id}``, ``…/input_items``)
+included. Every other backend gets them translated (``responses_openai``) to chat completions, and on to
+Anthropic or Gemini through that pair's translator; such a backend stores no responses, so those
+resources are refused there.
 
 Each backend gets its key where its protocol reads it: ``Authorization: Bearer`` (OpenAI),
 ``x-api-key`` with ``anthropic-version`` (Anthropic), ``x-goog-api-key`` (Gemini). Translated requests
@@ -21,10 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from gateway.errors import BadRequest
 from gateway.native import Usage, model_span, parse_usage
-from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini
+from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini, responses_openai
 from gateway.protocol.anthropic import MessagesHead, estimate_input_tokens, parse_messages_doc
 from gateway.protocol.anthropic_usage import AnthropicUsageMeter
 from gateway.protocol.openai_request import RequestInfo, splice_model
@@ -35,6 +43,7 @@ __all__ = ["ANTHROPIC_VERSION", "Outgoing", "Translation", "Upstream"]
 ANTHROPIC_VERSION = "2023-06-01"  # sent when the client did not name one
 _JSON = ("content-type", "application/json")
 _CHAT = "/v1/chat/completions"
+_RESPONSES = "/v1/responses"
 _PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
 
@@ -93,6 +102,35 @@ class _Metered:
 
     def ping(self) -> bytes | None:
         return None
+
+
+class _Unbilled:
+    """A stored response's resource relayed verbatim: it generates nothing, so it is billed nothing (its
+    body repeats the usage of the response it stores, which the tail parser would otherwise bill again)."""
+
+    verbatim = True
+    _NONE = Usage(0, 0, 0, 0)
+
+    def whole(self, body: bytes) -> bytes:
+        return body
+
+    def feed(self, chunk: bytes) -> bytes:
+        return chunk
+
+    def finish(self) -> bytes:
+        return b""
+
+    def error(self, status: int, body: bytes) -> bytes:
+        return body
+
+    def usage(self) -> Usage | None:
+        return self._NONE
+
+    def ping(self) -> bytes | None:
+        return None
+
+
+_UNBILLED = _Unbilled()
 
 
 class _StreamTranslator(Protocol):
@@ -166,7 +204,7 @@ class _Chained:
 class Outgoing:
     """The client's request, ready to be sent to any target."""
 
-    dialect: str  # "openai" | "anthropic": what the client speaks
+    dialect: str  # "openai" | "responses" | "anthropic": what the client speaks
     method: str
     path_qs: str
     headers: list[tuple[str, str]]  # the client's, its credentials and hop-by-hop headers dropped
@@ -177,9 +215,12 @@ class Outgoing:
     messages: MessagesHead | None = None
     default_max_tokens: int = 4096
     anthropic_version: str = ANTHROPIC_VERSION
+    responses: dict[str, Any] | None = None  # the parsed body of a POST /v1/responses
 
     def prepare(self, target: Target) -> Upstream | None:
         protocol = target.backend.protocol
+        if self.dialect == "responses":
+            return self._responses(target)
         if self.dialect == "openai":
             if protocol == "openai":
                 return Upstream(self.path_qs, self._bearer(target, self.headers), self._spliced(target), None)
@@ -255,10 +296,54 @@ class Outgoing:
         )
         return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
 
+    # -- the Responses API -------------------------------------------------------------------------------
+    def _responses(self, target: Target) -> Upstream:
+        backend = target.backend
+        doc, info = self.responses, self.info
+        if backend.protocol == "openai" and backend.responses_api:
+            unbilled = None if doc is not None else _UNBILLED
+            return Upstream(self.path_qs, self._bearer(target, self.headers), self._spliced(target), unbilled)
+        if doc is None or info is None:  # a stored response's resource: only a native backend has them
+            raise BadRequest(
+                f"backend {backend.name!r} does not store responses: the gateway translates the Responses "
+                f"API for it and keeps none, so {self.path_qs.partition('?')[0]} cannot be served",
+            )
+        model, echo = info.model, responses_openai.echo_of(doc)
+        chat = responses_openai.request_to_chat(doc, target.upstream_model)
+        if backend.protocol == "openai":
+            translation = _Translated(
+                lambda b: (responses_openai.response_from_chat(b, model, echo), b),
+                lambda: responses_openai.StreamToResponses(model, echo),
+                _verbatim_error,  # a chat backend's errors are already in the OpenAI envelope
+            )
+            return Upstream(_CHAT, self._bearer(target, [_JSON]), chat, translation)
+        if backend.protocol == "anthropic":
+            body = openai_anthropic.request_to_anthropic(chat, target.upstream_model, self.default_max_tokens)
+            translation = _Translated(
+                lambda b: _to_responses(openai_anthropic.response_to_openai(b, model), model, echo),
+                lambda: _Chained(
+                    openai_anthropic.StreamToOpenAI(model, include_usage=True),
+                    responses_openai.StreamToResponses(model, echo),
+                ),
+                openai_anthropic.error_to_openai,
+            )
+            return Upstream("/v1/messages", self._anthropic_auth(target, [_JSON]), body, translation)
+        suffix, body = openai_gemini.request_to_gemini(chat)
+        translation = _Translated(
+            lambda b: _to_responses(openai_gemini.response_to_openai(b, model), model, echo),
+            lambda: _Chained(
+                openai_gemini.StreamToOpenAI(model, include_usage=True),
+                responses_openai.StreamToResponses(model, echo),
+            ),
+            openai_gemini.error_to_openai,
+        )
+        return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
+
     # -- bodies and credentials ----------------------------------------------------------------------------
     def _spliced(self, target: Target) -> bytes:
         info = self.info
-        if info is not None and target.upstream_model != info.model:
+        # A bodiless call (its model named in the query string) has nothing to splice.
+        if info is not None and self.body and target.upstream_model != info.model:
             return splice_model(self.body, info, target.upstream_model, model_span)
         return self.body
 
@@ -287,6 +372,14 @@ class Outgoing:
 
 def _same(openai_body: bytes) -> tuple[bytes, bytes]:
     return openai_body, openai_body
+
+
+def _to_responses(openai_body: bytes, model: str, echo: responses_openai.Echo) -> tuple[bytes, bytes]:
+    return responses_openai.response_from_chat(openai_body, model, echo), openai_body
+
+
+def _verbatim_error(status: int, body: bytes) -> bytes:
+    return body
 
 
 def _via_openai(openai_body: bytes, model: str) -> tuple[bytes, bytes]:

@@ -5,11 +5,13 @@
 Gemini's error envelope. ``route`` splits such a path into the model and the method.
 
 As in the OpenAI mock (``responses``): the text is ``tok tok …``; prompt tokens are the words of the
-text parts and of ``systemInstruction``; a function is called whenever the request declares functions
-and ``functionCallingConfig.mode`` is not ``NONE`` (the first allowed name, else the first declared), with
-args ``{}``. ``cache_read`` of the prompt tokens (at most all of them) are reported as
-``cachedContentTokenCount``, which Gemini counts inside ``promptTokenCount``. Every stream event carries
-``usageMetadata``; only the last has the candidate tokens and the ``finishReason``.
+text parts and of ``systemInstruction``; as a model in a tool-using conversation (``agent``), a function
+is called when the request declares functions, ``functionCallingConfig.mode`` is not ``NONE`` and the last
+turn is not a function's response (``ANY`` and allowed names force a call; the first allowed name, else
+the agent's choice), with args for its schema's required parameters. ``cache_read`` of the prompt tokens
+(at most all of them) are reported as ``cachedContentTokenCount``, which Gemini counts inside
+``promptTokenCount``. Every stream event carries ``usageMetadata``; only the last has the candidate
+tokens and the ``finishReason``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, Final
 
 import orjson
 
+from gateway.mockengine.agent import arguments_for, choose_tool
 from gateway.mockengine.responses import JSON_HEADERS, MockRequestError, Reply, StreamReply, count_words
 
 __all__ = ["PREFIX", "error_body", "generate", "route"]
@@ -64,24 +67,32 @@ def _prompt(req: Mapping[str, Any]) -> int:
     return max(1, words)
 
 
-def _function(req: Mapping[str, Any]) -> str | None:
-    names = [
-        d.get("name")
-        for tool in req.get("tools") or []
-        if isinstance(tool, dict)
-        for d in tool.get("functionDeclarations") or []
-        if isinstance(d, dict)
-    ]
-    if not names:
+def _function(req: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The function to call and its args (see ``agent``), or None for text: no declarations, mode
+    ``NONE``, or the last turn carries a function's response (unless mode ``ANY`` forces a call)."""
+    declared: list[tuple[str, Mapping[str, Any] | None]] = []
+    for tool in req.get("tools") or []:
+        for d in (tool.get("functionDeclarations") or []) if isinstance(tool, dict) else []:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+                raise MockRequestError(400, "functionDeclarations[].name is required", "INVALID_ARGUMENT")
+            declared.append((d["name"], d.get("parametersJsonSchema", d.get("parameters"))))
+    if not declared:
         return None
     config = (req.get("toolConfig") or {}).get("functionCallingConfig") or {}
-    if config.get("mode") == "NONE":
+    mode = config.get("mode")
+    if mode == "NONE":
         return None
     allowed = config.get("allowedFunctionNames")
-    name = allowed[0] if isinstance(allowed, list) and allowed else names[0]
-    if not isinstance(name, str):
-        raise MockRequestError(400, "functionDeclarations[].name is required", "INVALID_ARGUMENT")
-    return name
+    if isinstance(allowed, list) and allowed:
+        schema = next((s for n, s in declared if n == allowed[0]), None)
+        return str(allowed[0]), arguments_for(schema)
+    contents = req.get("contents")
+    last = contents[-1] if isinstance(contents, list) and contents else None
+    parts = last.get("parts") if isinstance(last, dict) else None
+    answered = isinstance(parts, list) and any(isinstance(p, dict) and "functionResponse" in p for p in parts)
+    if answered and mode != "ANY":
+        return None  # the function's result is in: time to say something
+    return choose_tool(declared)
 
 
 def generate(
@@ -110,7 +121,8 @@ def generate(
         usage["cachedContentTokenCount"] = cached
     head = {"modelVersion": model, "responseId": rid}
     if function is not None:
-        parts: list[list[dict[str, Any]]] = [[{"functionCall": {"name": function, "args": {}}}]]
+        name, args = function
+        parts: list[list[dict[str, Any]]] = [[{"functionCall": {"name": name, "args": args}}]]
         finish = "STOP"
     elif stream:
         parts = [[{"text": "tok" if i == 0 else " tok"}] for i in range(n)] or [[{"text": ""}]]

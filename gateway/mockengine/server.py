@@ -1,6 +1,7 @@
 """The mock engine's RSGI application and the coroutine that serves it with granian's embedded server.
 
-``MockEngine`` answers vLLM's OpenAI-compatible endpoints from ``responses``, Anthropic's
+``MockEngine`` answers vLLM's OpenAI-compatible endpoints from ``responses`` (its Responses API, with
+the store of responses, from ``responses_api``), Anthropic's
 ``/v1/messages`` from ``anthropic`` and Gemini's ``/v1beta/models/{model}:generateContent`` from ``gemini``
 (each on its own paths, so one mock process can stand for a backend of any protocol; errors come in the
 envelope of the path's protocol), and obeys a ``Behaviour`` that tests change over HTTP under ``/mock/``.
@@ -39,7 +40,7 @@ from granian.log import LogLevels
 from granian.rsgi import Scope
 from granian.server.embed import Server
 
-from gateway.mockengine import anthropic, gemini
+from gateway.mockengine import anthropic, gemini, responses_api
 from gateway.mockengine import responses as r
 from gateway.mockengine.behaviour import Behaviour
 
@@ -60,7 +61,9 @@ _API_ROUTES = {
     "/v1/models": ("GET", "models"),
     "/v1/messages": ("POST", "messages"),
     "/v1/messages/count_tokens": ("POST", "count_tokens"),
+    "/v1/responses": ("POST", "responses"),
 }
+_RESPONSES_PREFIX = "/v1/responses/"  # a stored response: GET or DELETE {id}, GET {id}/input_items
 _DIALECT = {"messages": "anthropic", "count_tokens": "anthropic", "gemini": "gemini"}
 Recording = tuple[str, str, str, list[tuple[str, str]], bytes]
 
@@ -102,6 +105,7 @@ class MockEngine:
         self._id_prefix = os.urandom(4).hex()
         self.closing = False
         self._sleepers: set[asyncio.Future[None]] = set()
+        self.stored = responses_api.ResponseStore()
 
     def begin_shutdown(self) -> None:
         """Cut waits short and end streams at their next chunk, so the server can drain promptly."""
@@ -158,6 +162,15 @@ class MockEngine:
             dialect = "gemini"
         else:
             dialect = _DIALECT.get(route[1], "openai") if route is not None else "openai"
+        if route is None and path.startswith(_RESPONSES_PREFIX):
+            rid, _, sub = path[len(_RESPONSES_PREFIX) :].partition("/")
+            try:
+                stored = self.stored.answer(scope.method, rid, sub)
+            except r.MockRequestError as exc:
+                _error(proto, exc)
+                return
+            proto.response_bytes(stored.status, stored.headers, stored.body)
+            return
         if route is None:
             _error(proto, r.MockRequestError(404, f"no route for {path}", "NotFoundError"), dialect)
             return
@@ -267,6 +280,9 @@ class MockEngine:
             reply = gemini.generate(req, model, tokens, rid, b.cache_read_tokens, stream=streamed)
         elif kind == "chat":
             reply = r.chat_completion(req, model, tokens, f"chatcmpl-{self._id_prefix}{seq:08x}", created)
+        elif kind == "responses":
+            rid = f"{self._id_prefix}{seq:08x}"
+            reply = responses_api.create(req, model, tokens, rid, created, self.stored)
         elif kind == "completion":
             reply = r.completion(req, model, tokens, f"cmpl-{self._id_prefix}{seq:08x}", created)
         else:

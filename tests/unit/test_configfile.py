@@ -447,6 +447,16 @@ ERRORS: list[tuple[str, Mutation, str]] = [
         "principals[0].budget.tokens: must be at most 1000000000000",
     ),
     (
+        "responses_api not a bool",
+        _set("backends[0].responses_api", "yes"),
+        "backends[0].responses_api: must be true or false",
+    ),
+    (
+        "responses_api on an anthropic backend",
+        _set("backends[1].responses_api", True),
+        "backends[1].responses_api: only an openai backend can serve the Responses API itself",
+    ),
+    (
         "budget unknown field",
         _set("principals[0].budget", {"tokens": 1, "requests": 5}),
         "principals[0].budget.requests: unknown field (expected one of: cost, period, tokens)",
@@ -616,6 +626,7 @@ def test_example_file_loads() -> None:
 def test_dump_then_parse_round_trips() -> None:
     doc = load_config(EXAMPLE)
     weird = BackendSpec('q"uo\\te', "http://h", api_key="line\nbreak\x01\x7f", read_timeout=0.5)
+    native = BackendSpec("native", "http://n", responses_api=True)
     # Model names that need quoting as TOML keys, and every combination of limit fields.
     limited = PrincipalSpec(
         "limited",
@@ -627,7 +638,7 @@ def test_dump_then_parse_round_trips() -> None:
     quoted = PrincipalSpec("quoted", (), None, (("meta/llama.3", LimitsSpec(5)), ('q"x', LimitsSpec(6))))
     key = KeySpec("limited-key", "limited", "sk-gw-limited-0000000", None, LimitsSpec(tokens_per_minute=9))
     doc = ConfigDoc(
-        backends=(*doc.backends, weird),
+        backends=(*doc.backends, weird, native),
         provider_models=doc.provider_models,
         models=(*doc.models, odd),
         roles=doc.roles,

@@ -1,6 +1,6 @@
 """The mock engine in a tool-using conversation: a call for a tool the request offers, with arguments its
-schema accepts, then a text answer once the tool's result is in; Anthropic and OpenAI shapes, whole and
-streamed."""
+schema accepts, then a text answer once the tool's result is in; Anthropic, OpenAI and Gemini shapes,
+whole and streamed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from gateway.mockengine import anthropic as mock_anthropic
+from gateway.mockengine import gemini as mock_gemini
 from gateway.mockengine.agent import arguments_for, choose_tool
 from gateway.mockengine.responses import Reply, StreamReply, chat_completion
 
@@ -151,3 +152,31 @@ def test_openai_conversation_calls_then_answers(stream: bool) -> None:
     assert answer["content"] == "tok tok tok" and not answer["tool_calls"]
     again = openai_answer(history, stream, tools=tools, tool_choice="required")
     assert again["tool_calls"][0]["function"]["name"] == "shell"
+
+
+def gemini_parts(contents: list[dict[str, Any]], stream: bool, **extra: Any) -> list[dict[str, Any]]:
+    """The mock's Gemini answer parts, joined across the events when streamed."""
+    req = {"contents": contents, **extra}
+    reply = mock_gemini.generate(req, "m", 3, "r1", 0, stream=stream)
+    bodies = [reply.body] if isinstance(reply, Reply) else [c.removeprefix(b"data: ") for c in reply.chunks]
+    return [p for b in bodies for p in orjson.loads(b)["candidates"][0]["content"]["parts"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_gemini_conversation_calls_then_answers(stream: bool) -> None:
+    declared = {"name": "exec_command", "parametersJsonSchema": {**SHELL, "required": ["command"]}}
+    tools = [{"functionDeclarations": [{"name": "lookup"}, declared]}]
+    ask = [{"role": "user", "parts": [{"text": "list the files"}]}]
+    (call,) = gemini_parts(ask, stream, tools=tools)
+    assert call["functionCall"] == {"name": "exec_command", "args": {"command": ["ls"]}}
+    result = {"functionResponse": {"name": "exec_command", "response": {"output": "a.txt"}}}
+    history = [*ask, {"role": "model", "parts": [call]}, {"role": "user", "parts": [result]}]
+    text = "".join(p["text"] for p in gemini_parts(history, stream, tools=tools))
+    assert text == "tok tok tok"
+    # ANY and allowed names force a call even then; NONE never calls.
+    forced = {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["lookup"]}}
+    assert (
+        gemini_parts(history, stream, tools=tools, toolConfig=forced)[0]["functionCall"]["name"] == "lookup"
+    )
+    off = {"functionCallingConfig": {"mode": "NONE"}}
+    assert "text" in gemini_parts(ask, stream, tools=tools, toolConfig=off)[0]

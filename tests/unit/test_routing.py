@@ -368,7 +368,10 @@ def test_routing_config_round_trips_through_the_store(tmp_path: Path) -> None:
         BACKENDS + RULES + '[[pools]]\nname = "p"\npolicy = "prefix_affinity"\nmembers = ["pm-a", "pm-b"]\n'
     )
     text += 'prefix_bytes = 256\nmax_inflight = 3\n\n[routing]\nfallback = "cheap"\n' + PEOPLE
-    text = text.replace('url = "http://127.0.0.1:9000"', 'url = "http://127.0.0.1:9000"\nmax_concurrency = 8')
+    text = text.replace(
+        'url = "http://127.0.0.1:9000"',
+        'url = "http://127.0.0.1:9000"\nmax_concurrency = 8\nresponses_api = true',
+    )
     cfg = parse_config(tomllib.loads(text), "t")
     store: Store = open_store(Settings(data_dir=tmp_path))
     store.apply_config(cfg, actor="test")
@@ -377,7 +380,9 @@ def test_routing_config_round_trips_through_the_store(tmp_path: Path) -> None:
     store.close()
     assert doc["fallback"] == "cheap" and doc["backends"]["a"]["max_concurrency"] == 8
     assert doc["backends"]["a"]["health_path"] == "/health"
+    assert doc["backends"]["a"]["responses_api"] is True and "responses_api" not in doc["backends"]["b"]
     assert doc["pools"]["p"]["max_inflight"] == 3
     snap = Snapshot.from_doc(doc, 1)
+    assert snap.backends["a"].responses_api and not snap.backends["b"].responses_api
     assert snap.routes["gpt"].rules and snap.routes["gpt"].rules[0].name == "free streams"
     assert isinstance(next(iter(snap.principals.values())), Principal)
