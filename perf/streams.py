@@ -52,6 +52,7 @@ class StreamResult:
     tokens: int = 0
     done: bool = False
     max_gap: float = 0.0
+    max_token_gap: float = 0.0  # the longest wait between two reads that carried tokens
     error: str | None = None
     token_gaps: list[float] = field(default_factory=list)  # only with --itl
 
@@ -108,8 +109,12 @@ class _Stream:
         if n:
             if r.ttft is None:
                 r.ttft = now - self.started
-            elif self.itl and self.last_token_at is not None:
-                r.token_gaps.append(now - self.last_token_at)
+            elif self.last_token_at is not None:
+                gap = now - self.last_token_at
+                if gap > r.max_token_gap:
+                    r.max_token_gap = gap
+                if self.itl:
+                    r.token_gaps.append(gap)
             if self.itl:
                 r.token_gaps.extend([0.0] * (n - 1))  # tokens that arrived in the same read
             self.last_token_at = now
@@ -260,6 +265,9 @@ def summarize(
         "stalls": sum(1 for r in results if r.max_gap > stall_after or (r.error or "").startswith("timeout")),
         "stall_after_s": stall_after,
         "max_gap_ms": max((r.max_gap for r in results), default=0.0) * 1000,
+        # Per complete stream, its longest wait between two tokens: against the upstream's pacing, a stall
+        # shows here even when it is shorter than --stall-after.
+        "max_token_gap_ms": percentiles([r.max_token_gap for r in ok]),
         "max_open": load.max_open,
         "wall_s": round(wall, 3),
         "streams_per_s": len(ok) / wall if wall else 0.0,
