@@ -1,8 +1,9 @@
 """The benchmark's scenarios: what is sent, to which path, how hard, from which load generator, and which
 targets it applies to. Pure values, no I/O; ``python -m perf.bench --list`` prints them.
 
-Scenarios run on one of two upstreams: ``nginx`` (the nginx mock: fixed answers in microseconds, for
-whole responses) or ``engine`` (the project's Python mock engine, which streams and can trickle tokens).
+Scenarios run on one of three upstreams: ``nginx`` (the nginx mock: fixed answers in microseconds, for
+whole responses), ``engine`` (the project's Python mock engine, which streams and can trickle tokens) or
+``paced`` (``perf.paced``: thousands of streams, each token 20-50 ms after the last, as from a busy vLLM).
 Each has a group, so ``--scenarios`` takes either names or groups.
 """
 
@@ -12,15 +13,39 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perf.targets import BENCH_KEY, BENCH_MODEL, LIMITED_KEY, LIMITED_RPM, STREAM_MODEL
+from perf.targets import BENCH_KEY, BENCH_MODEL, LIMITED_KEY, LIMITED_RPM, PACED_MODEL, STREAM_MODEL
 
-__all__ = ["ALL_TARGETS", "GROUPS", "REFERENCE", "Scenario", "build_scenarios", "select"]
+__all__ = [
+    "ALL_TARGETS",
+    "FLOOR",
+    "GROUPS",
+    "OPTIONAL",
+    "REFERENCE",
+    "Scenario",
+    "build_scenarios",
+    "select",
+]
 
 # gateway: rate limits, a budget, prices and usage records on every request; gateway-bare: all of it off;
-# litellm: a peer Python gateway, measured only when it is installed.
-ALL_TARGETS = ("direct", "nginx", "gateway", "gateway-bare", "litellm")
+# null-app and minimal-proxy: the floor of the gateway's shape (perf/floor.py under granian); litellm and
+# portkey: peer gateways, measured only when installed (scripts/bench-peers.sh).
+ALL_TARGETS = (
+    "direct",
+    "nginx",
+    "null-app",
+    "minimal-proxy",
+    "gateway",
+    "gateway-bare",
+    "litellm",
+    "portkey",
+)
+OPTIONAL = ("litellm", "portkey")  # a missing one is a row saying so, never a failure
 REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
-PROXIES = ("direct", "nginx", "gateway", "gateway-bare", "litellm")
+FLOOR = "minimal-proxy"  # and to this one's: what the gateway's own work costs on top of its shape
+PROXIES = ("direct", "nginx", "null-app", "minimal-proxy", "gateway", "gateway-bare", "litellm", "portkey")
+STREAMERS = tuple(t for t in PROXIES if t != "null-app")  # null-app answers from memory: it cannot stream
+# The peers are left out of the paced bursts: at thousands of streams they would take the run's minutes.
+PACED_TARGETS = ("direct", "nginx", "minimal-proxy", "gateway", "gateway-bare")
 GATEWAYS = ("gateway", "gateway-bare")
 
 CHAT = "/v1/chat/completions"
@@ -60,7 +85,7 @@ class Scenario:
     name: str
     group: str
     what: str  # one line for the report
-    upstream: str  # "nginx" | "engine"
+    upstream: str  # "nginx" | "engine" | "paced"
     loadgen: str  # "wrk" | "streams"
     path: str
     body: bytes
@@ -76,6 +101,7 @@ class Scenario:
     ramp_s: float = 0.0
     stall_after_s: float = 2.0
     itl: bool = False  # keep every inter-token gap (perf.vllm)
+    pace_ms: tuple[float, float] = (0.0, 0.0)  # perf.paced's gap between tokens, drawn per token
 
 
 def build_scenarios(
@@ -89,6 +115,10 @@ def build_scenarios(
     slow_token_delay: float = 0.2,
     slow_ramp_s: float = 2.0,
     stall_after_s: float = 2.0,
+    paced_streams: Sequence[int] = (1000, 5000),
+    paced_tokens: int = 256,
+    paced_ms: tuple[float, float] = (20.0, 50.0),
+    paced_ramp_s: float = 2.0,
 ) -> list[Scenario]:
     """Every scenario, in the order they run (the slow-stream burst last: it leaves the most behind)."""
     out = [
@@ -195,7 +225,7 @@ def build_scenarios(
             stream_body,
             OPENAI_HEADERS,
             stream_connections,
-            PROXIES,
+            STREAMERS,
             check_marker=b"data: [DONE]",
             expect_tokens=stream_tokens,
             stall_after_s=stall_after_s,
@@ -215,7 +245,7 @@ def build_scenarios(
             slow_body,
             OPENAI_HEADERS,
             slow_streams,
-            PROXIES,
+            STREAMERS,
             check_marker=b"data: [DONE]",
             burst=True,
             expect_tokens=slow_tokens,
@@ -224,10 +254,35 @@ def build_scenarios(
             stall_after_s=stall_after_s,
         )
     )
+    paced_body = chat_body(PACED_MODEL, max_tokens=paced_tokens, stream=True)
+    lo, hi = paced_ms
+    out += [
+        Scenario(
+            f"paced-{n}",
+            "engine-paced",
+            f"{n:,} concurrent streams of {paced_tokens} tokens, one every {lo:g}-{hi:g} ms per stream "
+            f"(perf.paced, as from a busy vLLM; ~{paced_tokens * (lo + hi) / 2000:.0f} s each), started over "
+            f"{paced_ramp_s:g} s",
+            "paced",
+            "streams",
+            CHAT,
+            paced_body,
+            OPENAI_HEADERS,
+            n,
+            PACED_TARGETS,
+            check_marker=b"data: [DONE]",
+            burst=True,
+            expect_tokens=paced_tokens,
+            ramp_s=paced_ramp_s,
+            stall_after_s=stall_after_s,
+            pace_ms=paced_ms,
+        )
+        for n in paced_streams
+    ]
     return out
 
 
-GROUPS = ("small", "large-body", "rate-limited", "messages", "streams", "slow-streams")
+GROUPS = ("small", "large-body", "rate-limited", "messages", "streams", "slow-streams", "engine-paced")
 
 
 def select(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> list[Scenario]:
