@@ -36,7 +36,7 @@ from typing import Any
 
 from perf.loadgen import WrkResult, run_wrk, write_script, wrk_version
 from perf.nginx import nginx_version
-from perf.scenarios import ALL_TARGETS, GROUPS, Scenario, build_scenarios, select
+from perf.scenarios import ALL_TARGETS, GROUPS, Scenario, build_scenarios, processes_for, select
 from perf.targets import (
     CLK_TCK,
     PEERS,
@@ -224,6 +224,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         paced_tokens=args.paced_tokens,
         paced_ms=args.paced_ms,
         paced_ramp_s=args.paced_ramp,
+        cores=len(os.sched_getaffinity(0)),
     )
     try:
         args.selected = everything if wanted == ["all"] else select(everything, wanted)
@@ -279,7 +280,8 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
             fleet.upstreams["engine"] = engine
             engine_url = engine.url
         if "paced" in upstream_kinds:
-            paced = PacedEngineService(workdir)
+            most = max(s.connections for s in run.scenarios if s.upstream == "paced")
+            paced = PacedEngineService(workdir, procs=processes_for(most, len(os.sched_getaffinity(0))))
             services.append(paced)
             paced.start()
             fleet.upstreams["paced"] = paced
@@ -369,6 +371,8 @@ def run_streams(
     argv += ["--expect-tokens", str(scenario.expect_tokens), "--stall-after", str(scenario.stall_after_s)]
     if scenario.itl:
         argv.append("--itl")
+    if scenario.procs > 1:
+        argv += ["--procs", str(scenario.procs)]
     if scenario.burst:
         argv += ["--streams", str(scenario.connections), "--ramp", str(scenario.ramp_s)]
         gap = max(scenario.token_delay, scenario.pace_ms[1] / 1000)

@@ -14,16 +14,24 @@ encoding of ``max_tokens`` tokens (from the body; ``--tokens`` when absent), a u
 ``stream_options.include_usage`` is asked for, then ``data: [DONE]``; without it, a whole chat completion
 at once. ``GET /health`` answers 200; ``POST /pace`` with
 ``{"min_ms": A, "max_ms": B}`` changes the pacing (``0, 0``: as fast as possible, for check requests).
-I/O: one listening socket on 127.0.0.1 and its connections.
+``--procs N`` forks N such processes on the same port (``SO_REUSEPORT``: the kernel spreads the
+connections), for more streams than one process can pace; they share the pacing through one page.
+I/O: a listening socket per process on 127.0.0.1, and its connections.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
+import mmap
+import os
 import random
 import re
+import signal
+import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -99,12 +107,31 @@ def _small(status: int, body: bytes) -> bytes:
     )
 
 
+class Pacing:
+    """The shortest and longest gap in seconds, in a shared anonymous page: with ``--procs``, a ``POST
+    /pace`` reaches one process (the kernel picks the listener) and every process must follow it."""
+
+    _FORMAT = "dd"
+
+    def __init__(self, min_ms: float, max_ms: float) -> None:
+        self.page = mmap.mmap(-1, struct.calcsize(self._FORMAT))  # MAP_SHARED: forked children see writes
+        self.set(min_ms, max_ms)
+
+    def set(self, min_ms: float, max_ms: float) -> None:
+        struct.pack_into(self._FORMAT, self.page, 0, min_ms / 1000, max_ms / 1000)
+
+    def get(self) -> tuple[float, float]:
+        lo, hi = struct.unpack_from(self._FORMAT, self.page, 0)
+        return float(lo), float(hi)
+
+
 class Pacer:
     """The timer wheel: streams due in each ``TICK_S`` slot, and one callback a tick while any is open."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, min_ms: float, max_ms: float) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pacing: Pacing) -> None:
         self.loop = loop
-        self.min_s, self.max_s = min_ms / 1000, max_ms / 1000
+        self.pacing = pacing
+        self.min_s, self.max_s = pacing.get()
         self.slots: dict[int, list[Conn]] = {}
         self.handle: asyncio.TimerHandle | None = None
         self.open = 0
@@ -178,8 +205,7 @@ class Conn(asyncio.Protocol):
         if method == "POST" and path == "/pace":
             try:
                 doc = json.loads(body)
-                self.pacer.min_s = float(doc["min_ms"]) / 1000
-                self.pacer.max_s = float(doc["max_ms"]) / 1000
+                self.pacer.pacing.set(float(doc["min_ms"]), float(doc["max_ms"]))
             except (ValueError, KeyError, TypeError) as exc:
                 self.transport.write(_small(400, json.dumps({"error": str(exc)}).encode()))
                 return
@@ -196,6 +222,7 @@ class Conn(asyncio.Protocol):
         self.left = max(1, tokens)
         self.usage = _usage(self.left) if _USAGE in body.replace(b" ", b"") else b""
         self.pacer.open += 1
+        self.pacer.min_s, self.pacer.max_s = self.pacer.pacing.get()  # once per stream: 0.2 µs
         self.transport.write(HEAD)
         if self.pacer.max_s <= 0:
             self.transport.write(TOKEN * self.left + FINISH + self.usage + DONE)
@@ -225,10 +252,12 @@ class Conn(asyncio.Protocol):
             self.data_received(b"")
 
 
-async def serve(port: int, tokens: int, min_ms: float, max_ms: float) -> None:
+async def serve(port: int, tokens: int, pacing: Pacing, reuse_port: bool) -> None:
     loop = asyncio.get_running_loop()
-    pacer = Pacer(loop, min_ms, max_ms)
-    server = await loop.create_server(lambda: Conn(pacer, tokens), "127.0.0.1", port, backlog=16384)
+    pacer = Pacer(loop, pacing)
+    server = await loop.create_server(
+        lambda: Conn(pacer, tokens), "127.0.0.1", port, backlog=16384, reuse_port=reuse_port or None
+    )
     print(f"perf.paced listening on 127.0.0.1:{port} at {time.strftime('%H:%M:%S')}", flush=True)
     async with server:
         await server.serve_forever()
@@ -240,11 +269,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=256, help="tokens when the body names no max_tokens (256)")
     p.add_argument("--min-ms", type=float, default=20.0, help="shortest gap between two tokens (20)")
     p.add_argument("--max-ms", type=float, default=50.0, help="longest gap between two tokens (50)")
+    p.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="processes on the port (SO_REUSEPORT), each with its own streams (1): one writes about 90k "
+        "tokens a second at most here",
+    )
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def _run_one(args: argparse.Namespace, pacing: Pacing, reuse_port: bool) -> None:
     loop_factory: Callable[[], asyncio.AbstractEventLoop]
     try:
         import uvloop
@@ -254,9 +289,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop_factory = asyncio.new_event_loop
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(args.port, args.tokens, args.min_ms, args.max_ms))
+            runner.run(serve(args.port, args.tokens, pacing, reuse_port))
     except KeyboardInterrupt:
         pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    pacing = Pacing(args.min_ms, args.max_ms)
+    if args.procs <= 1:
+        _run_one(args, pacing, reuse_port=False)
+        return 0
+    children = []
+    for _ in range(args.procs):
+        pid = os.fork()
+        if pid == 0:
+            ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: never outlive us
+            _run_one(args, pacing, reuse_port=True)
+            os._exit(0)
+        children.append(pid)
+
+    def stop(signum: int, frame: object) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for child in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)  # retried by Python itself when a signal interrupts it (PEP 475)
     return 0
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "REFERENCE",
     "Scenario",
     "build_scenarios",
+    "processes_for",
     "select",
 ]
 
@@ -43,7 +44,10 @@ OPTIONAL = ("litellm", "portkey")  # a missing one is a row saying so, never a f
 REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
 FLOOR = "minimal-proxy"  # and to this one's: what the gateway's own work costs on top of its shape
 PROXIES = ("direct", "nginx", "null-app", "minimal-proxy", "gateway", "gateway-bare", "litellm", "portkey")
-STREAMERS = tuple(t for t in PROXIES if t != "null-app")  # null-app answers from memory: it cannot stream
+# null-app answers from memory: it cannot stream. Portkey's gateway 1.15.2 answers every stream with a 500
+# on Node 20 (its updateHeaders appends to the immutable headers of undici's fetch Response: "TypeError:
+# immutable" in its log, 2026-12-01), so it is measured on whole responses only.
+STREAMERS = tuple(t for t in PROXIES if t not in ("null-app", "portkey"))
 # The peers are left out of the paced bursts: at thousands of streams they would take the run's minutes.
 PACED_TARGETS = ("direct", "nginx", "minimal-proxy", "gateway", "gateway-bare")
 GATEWAYS = ("gateway", "gateway-bare")
@@ -102,6 +106,19 @@ class Scenario:
     stall_after_s: float = 2.0
     itl: bool = False  # keep every inter-token gap (perf.vllm)
     pace_ms: tuple[float, float] = (0.0, 0.0)  # perf.paced's gap between tokens, drawn per token
+    procs: int = 1  # perf.streams processes sharing the streams
+
+
+# One Python process of perf.streams reads, and one of perf.paced writes, at most some 70-90k tokens a
+# second on this machine; a stream paced 20-50 ms apart carries ~29 a second. Past this many streams per
+# process the load generator or the upstream, not the proxy, would set the pace.
+STREAMS_PER_PROCESS = 2000
+
+
+def processes_for(streams: int, cores: int) -> int:
+    """How many load-generator (or paced-upstream) processes ``streams`` paced streams need, at most one a
+    core: on a machine with fewer cores than that, the figures say so through the harness's own CPU."""
+    return max(1, min(cores, -(-streams // STREAMS_PER_PROCESS)))
 
 
 def build_scenarios(
@@ -119,6 +136,7 @@ def build_scenarios(
     paced_tokens: int = 256,
     paced_ms: tuple[float, float] = (20.0, 50.0),
     paced_ramp_s: float = 2.0,
+    cores: int = 1,
 ) -> list[Scenario]:
     """Every scenario, in the order they run (the slow-stream burst last: it leaves the most behind)."""
     out = [
@@ -276,6 +294,7 @@ def build_scenarios(
             ramp_s=paced_ramp_s,
             stall_after_s=stall_after_s,
             pace_ms=paced_ms,
+            procs=processes_for(n, cores),
         )
         for n in paced_streams
     ]

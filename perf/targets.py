@@ -586,6 +586,9 @@ class LiteLLMService(Service):
             "NO_DOCS": "True",
             # Its price list from the package, not from the network (which the benchmark never uses).
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # Every mock token is the same text, and LiteLLM ends a stream with an error after 100 equal
+            # chunks in a row ("The model is repeating the same chunk"), a guard for looping models.
+            "REPEATED_STREAMING_CHUNK_LIMIT": "1000000",
         }
         self._spawn(argv, cwd=self.workdir, env=env)
         self._wait(
@@ -602,8 +605,12 @@ class PacedEngineService(Service):
 
     name = "paced-engine"
 
+    def __init__(self, workdir: Path, procs: int = 1) -> None:
+        super().__init__(workdir)
+        self.procs = procs
+
     def start(self, timeout: float = 20.0) -> PacedEngineService:
-        argv = [sys.executable, "-m", "perf.paced", "--port", str(self.port)]
+        argv = [sys.executable, "-m", "perf.paced", "--port", str(self.port), "--procs", str(self.procs)]
         self._spawn(argv, cwd=ROOT)
         self._wait(lambda: http_request(self.port, "GET", "/health")[0] == 200, timeout, "GET /health")
         return self
