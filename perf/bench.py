@@ -1,11 +1,13 @@
 """``python -m perf.bench``: the single-host benchmark suite, every target measured side by side in one run.
 
-Starts its own upstreams (an nginx mock engine, and the project's Python mock engine for streams), the
-targets (direct, a plain nginx reverse proxy, the gateway with and without its per-request features, and
-LiteLLM when installed) and load generators (wrk; ``perf.streams`` for SSE), runs every selected scenario
+Starts its own upstreams (an nginx mock engine, the project's Python mock engine for streams, and
+``perf.paced`` for engine-paced streams), the targets (direct, a plain nginx reverse proxy, the floor of the
+gateway's shape, the gateway with and without its per-request features, and the peers LiteLLM and Portkey
+when installed) and load generators (wrk; ``perf.streams`` for SSE), runs every selected scenario
 (``perf/scenarios.py``) against every target it applies to, and tears all of it down. Per cell: throughput,
 latency percentiles up to p99.9, time to first byte for streams, errors and stalls, the proxy's CPU µs per
-request and its peak memory. Prints Markdown and writes perf/results/latest.{json,md} and PNG plots.
+request (and per token for streams), its peak memory and, in bursts, its PSS per open stream above idle.
+Prints Markdown and writes perf/results/latest.{json,md} and PNG plots.
 I/O: subprocesses, a temp directory, /proc, the results files.
 """
 
@@ -22,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,14 +36,19 @@ from typing import Any
 
 from perf.loadgen import WrkResult, run_wrk, write_script, wrk_version
 from perf.nginx import nginx_version
-from perf.scenarios import ALL_TARGETS, GROUPS, Scenario, build_scenarios, select
+from perf.scenarios import ALL_TARGETS, GROUPS, Scenario, build_scenarios, processes_for, select
 from perf.targets import (
     CLK_TCK,
+    PEERS,
     ROOT,
+    FloorService,
     GatewayService,
     LiteLLMService,
     MockEngineService,
     NginxService,
+    PacedEngineService,
+    PortkeyService,
+    ProcessTree,
     Service,
     http_request,
     machine_cpu_ticks,
@@ -70,6 +78,10 @@ class Cell:
     loadgen_cpu_cores: float = 0.0  # wrk or perf.streams
     machine_busy_cores: float = 0.0  # everything on the machine, other users included
     machine_steal_cores: float = 0.0
+    cpu_us_per_token: float | None = None  # streams: the proxy's CPU over the complete streams' tokens
+    pss_idle_mib: float | None = None  # bursts: the proxy's PSS just before the first stream opened
+    pss_peak_mib: float | None = None  # bursts: the largest PSS sampled while streams were open
+    pss_per_stream_kib: float | None = None  # (peak - idle) / max open
 
     @property
     def rps(self) -> float:
@@ -102,6 +114,8 @@ class Cell:
         """What makes this cell a failure: errors, or for streams incomplete or stalled ones."""
         out = []
         if self.wrk is not None:
+            if not self.wrk.requests:
+                out.append("no answer within the cell")
             if self.wrk.socket_errors:
                 out.append(f"{self.wrk.socket_errors} socket errors")
             if self.wrk.non_2xx and not refused_expected:
@@ -165,6 +179,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--stall-after", type=float, default=2.0, help="a gap in a stream this long is a stall (2)"
     )
+    p.add_argument(
+        "--paced-streams",
+        default="1000,5000",
+        help="engine-paced: concurrent streams of each scenario, comma-separated (1000,5000)",
+    )
+    p.add_argument("--paced-tokens", type=int, default=256, help="engine-paced: tokens per stream (256)")
+    p.add_argument(
+        "--paced-ms", default="20,50", help="engine-paced: shortest,longest gap between tokens in ms (20,50)"
+    )
+    p.add_argument(
+        "--paced-ramp", type=float, default=2.0, help="engine-paced: seconds over which streams open (2)"
+    )
     p.add_argument("--results-dir", type=Path, default=ROOT / "perf" / "results", help="where latest.* go")
     p.add_argument("--no-save", action="store_true", help="print the tables only; leave perf/results alone")
     p.add_argument("--no-plots", action="store_true", help="write no PNGs")
@@ -175,6 +201,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.targets = [t for t in str(args.targets).split(",") if t]
     args.slow_streams = args.slow_streams or 2000
     args.slow_tokens = args.slow_tokens or (15 if args.quick else 40)
+    args.paced_streams = [int(n) for n in str(args.paced_streams).split(",") if n]
+    try:
+        lo, hi = (float(x) for x in str(args.paced_ms).split(","))
+    except ValueError:
+        p.error("--paced-ms takes two numbers, e.g. 20,50")
+    if not 0 < lo <= hi:
+        p.error("--paced-ms: 0 < shortest <= longest")
+    args.paced_ms = (lo, hi)
     unknown = set(args.targets) - set(ALL_TARGETS)
     if unknown:
         p.error(f"unknown targets: {', '.join(sorted(unknown))}")
@@ -186,6 +220,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         slow_tokens=args.slow_tokens,
         slow_token_delay=args.token_delay,
         stall_after_s=args.stall_after,
+        paced_streams=args.paced_streams,
+        paced_tokens=args.paced_tokens,
+        paced_ms=args.paced_ms,
+        paced_ramp_s=args.paced_ramp,
+        cores=len(os.sched_getaffinity(0)),
     )
     try:
         args.selected = everything if wanted == ["all"] else select(everything, wanted)
@@ -216,42 +255,64 @@ class Fleet:
 @contextlib.contextmanager
 def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
     """Start the upstreams and every target the selected scenarios need; stop all of them, whatever
-    happens. A target that fails to start is recorded in ``run.failures`` and left out."""
+    happens. A target that fails to start is recorded in ``run.failures`` and left out; a peer that is not
+    installed is recorded in ``run.unavailable``."""
     args = run.args
     fleet = Fleet()
     services: list[Service] = []
     wanted = {t for s in run.scenarios for t in s.targets} & set(args.targets)
     upstream_kinds = sorted({s.upstream for s in run.scenarios})
+    # Which upstream kinds each target serves: a target is started once per kind for the proxies that
+    # have one upstream (nginx, the minimal proxy), once for all kinds for the gateways and peers.
+    kinds_of = {
+        t: sorted({s.upstream for s in run.scenarios if t in s.targets}) for t in ALL_TARGETS if t in wanted
+    }
     try:
         nginx_up = NginxService.upstream(workdir)  # the gateway's config names it whatever runs
         services.append(nginx_up)
         nginx_up.start()
         fleet.upstreams["nginx"] = nginx_up
-        engine: MockEngineService | None = None
+        engine_url = paced_url = None
         if "engine" in upstream_kinds:
             engine = MockEngineService(workdir)
             services.append(engine)
             engine.start()
             fleet.upstreams["engine"] = engine
-        engine_url = engine.url if engine else None
+            engine_url = engine.url
+        if "paced" in upstream_kinds:
+            most = max(s.connections for s in run.scenarios if s.upstream == "paced")
+            paced = PacedEngineService(workdir, procs=processes_for(most, len(os.sched_getaffinity(0))))
+            services.append(paced)
+            paced.start()
+            fleet.upstreams["paced"] = paced
+            paced_url = paced.url
         for name in (t for t in ALL_TARGETS if t in wanted and t != "direct"):
             try:
-                if name == "nginx":
-                    for kind in upstream_kinds:
-                        label = "nginx" if kind == "nginx" else "nginx-sse"
-                        up_port = fleet.upstreams[kind].port
-                        svc: Service = NginxService.proxy(
-                            workdir, up_port, workers=args.workers, name=label, streaming=kind == "engine"
-                        )
+                if name in ("nginx", "minimal-proxy", "null-app"):
+                    for kind in kinds_of[name]:
+                        up = fleet.upstreams[kind]
+                        label = name if kind == "nginx" else f"{name}-{'sse' if kind == 'engine' else kind}"
+                        svc: Service
+                        if name == "nginx":
+                            svc = NginxService.proxy(
+                                workdir, up.port, workers=args.workers, name=label, streaming=kind != "nginx"
+                            )
+                        else:
+                            svc = FloorService(workdir, name, up.url, args.workers, label=label)
                         services.append(svc)
                         svc.start()
                         fleet.proxies[(name, kind)] = svc
                     continue
                 if name == "litellm":
                     if not LiteLLMService.available():
-                        run.unavailable[name] = "not installed"
+                        run.unavailable[name] = "not installed (scripts/bench-peers.sh)"
                         continue
                     svc = LiteLLMService(workdir, nginx_up.url, engine_url, workers=args.workers)
+                elif name == "portkey":
+                    if not PortkeyService.available():
+                        run.unavailable[name] = "not installed (scripts/bench-peers.sh; needs node)"
+                        continue
+                    svc = PortkeyService(workdir)
                 else:
                     svc = GatewayService(
                         workdir,
@@ -259,6 +320,7 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
                         args.workers,
                         accounted=name == "gateway",
                         engine_url=engine_url,
+                        paced_url=paced_url,
                     )
                 services.append(svc)
                 svc.start()
@@ -273,9 +335,16 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
             service.stop()
 
 
-def check(scenario: Scenario, port: int) -> None:
+def target_headers(scenario: Scenario, proxy: Service | None, upstream: Service) -> dict[str, str]:
+    """The scenario's headers, plus what a target needs to find the upstream (Portkey's routing headers)."""
+    if isinstance(proxy, PortkeyService):
+        return {**scenario.headers, **PortkeyService.headers_for(upstream.url)}
+    return scenario.headers
+
+
+def check(scenario: Scenario, port: int, headers: dict[str, str]) -> None:
     """One request before measuring: a target that answers errors would only measure its error path."""
-    status, body = http_request(port, "POST", scenario.path, scenario.body, scenario.headers)
+    status, body = http_request(port, "POST", scenario.path, scenario.body, headers)
     if scenario.refused_expected and status == 429:
         return
     if status != 200 or scenario.check_marker not in body:
@@ -287,18 +356,27 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_streams(scenario: Scenario, url: str, body_file: Path, duration: float) -> dict[str, Any]:
-    """``python -m perf.streams`` in its own process (its CPU is then the load generator's, as wrk's)."""
+def run_streams(
+    scenario: Scenario,
+    url: str,
+    body_file: Path,
+    duration: float,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``python -m perf.streams`` in its own process (its CPU is then the load generator's, as wrk's), with
+    the scenario's headers unless ``headers`` are given."""
     argv = [sys.executable, "-m", "perf.streams", url, "--body", f"@{body_file}"]
-    argv += [
-        x for k, v in scenario.headers.items() if k.lower() != "content-type" for x in ("-H", f"{k}: {v}")
-    ]
+    headers = scenario.headers if headers is None else headers
+    argv += [x for k, v in headers.items() if k.lower() != "content-type" for x in ("-H", f"{k}: {v}")]
     argv += ["--expect-tokens", str(scenario.expect_tokens), "--stall-after", str(scenario.stall_after_s)]
     if scenario.itl:
         argv.append("--itl")
+    if scenario.procs > 1:
+        argv += ["--procs", str(scenario.procs)]
     if scenario.burst:
         argv += ["--streams", str(scenario.connections), "--ramp", str(scenario.ramp_s)]
-        expected = scenario.ramp_s + scenario.expect_tokens * scenario.token_delay
+        gap = max(scenario.token_delay, scenario.pace_ms[1] / 1000)
+        expected = scenario.ramp_s + scenario.expect_tokens * gap
     else:
         argv += ["-c", str(scenario.connections), "-d", str(duration)]
         expected = duration
@@ -312,6 +390,33 @@ def run_streams(scenario: Scenario, url: str, body_file: Path, duration: float) 
     return result
 
 
+class PssWatch:
+    """Samples the summed PSS of a process tree every ``interval`` seconds on a thread and keeps the
+    largest: the memory a burst's open streams take. PSS, not RSS: the forked workers share their parent's
+    pages, which a sum of RSS would count once per worker. Reading smaps_rollup walks each process's page
+    tables (a few ms for the gateway's): its CPU is this script's, never the proxy's."""
+
+    def __init__(self, tree: ProcessTree, interval: float = 0.5) -> None:
+        self.tree = tree
+        self.interval = interval
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss-watch", daemon=True)
+
+    def __enter__(self) -> PssWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        pids = self.tree.pids()  # the tree does not change during a cell; walking /proc each time would
+        while not self._stop.wait(self.interval):
+            self.peak_bytes = max(self.peak_bytes, self.tree.pss_bytes(pids))
+
+
 def measure(
     scenario: Scenario,
     target: str,
@@ -322,18 +427,20 @@ def measure(
     args: argparse.Namespace,
 ) -> Cell:
     """Warm up, then one measured run with /proc samples of the proxy, the upstream and the machine taken
-    just before and just after it; peak RSS is reset before it, so the figure is this cell's."""
+    just before and just after it; peak RSS is reset before it, so the figure is this cell's. In a burst,
+    the proxy's PSS is also sampled while the streams are open."""
     url = f"http://127.0.0.1:{port}{scenario.path}"
-    script = workdir / f"{scenario.name}.lua"
+    headers = target_headers(scenario, proxy, upstream)
+    script = workdir / f"{scenario.name}-{target}.lua"
     body_file = workdir / f"{scenario.name}.json"
     if not script.exists():
-        write_script(script, scenario.body, scenario.headers)
+        write_script(script, scenario.body, headers)
         body_file.write_bytes(scenario.body)
     if args.warmup > 0 and not scenario.burst:
         if scenario.loadgen == "wrk":
             run_wrk(url, script, scenario.connections, args.warmup, args.threads)
         else:
-            run_streams(scenario, url, body_file, args.warmup)
+            run_streams(scenario, url, body_file, args.warmup, headers)
     proxy_tree = proxy.tree() if proxy else None
     up_tree = upstream.tree()
     for tree in (proxy_tree, up_tree):
@@ -343,10 +450,12 @@ def measure(
     up_before, busy_before, load_before = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
     started = time.monotonic()
     cell = Cell(scenario.name, target)
-    if scenario.loadgen == "wrk":
-        cell.wrk = run_wrk(url, script, scenario.connections, args.duration, args.threads)
-    else:
-        cell.streams = run_streams(scenario, url, body_file, args.duration)
+    watch = PssWatch(proxy_tree) if proxy_tree is not None and scenario.burst else None
+    with watch or contextlib.nullcontext():
+        if scenario.loadgen == "wrk":
+            cell.wrk = run_wrk(url, script, scenario.connections, args.duration, args.threads)
+        else:
+            cell.streams = run_streams(scenario, url, body_file, args.duration, headers)
     wall = time.monotonic() - started
     up_after, busy_after, load_after = up_tree.sample(), machine_cpu_ticks(), _children_cpu_s()
     after = proxy_tree.sample() if proxy_tree else None
@@ -358,9 +467,17 @@ def measure(
     if proxy is not None and before is not None and after is not None:
         cpu = after.cpu_seconds_since(before)
         cell.cpu_us_per_request = cpu * 1e6 / cell.served if cell.served else None
+        tokens = int(cell.streams.get("tokens", 0)) if cell.streams else 0
+        cell.cpu_us_per_token = cpu * 1e6 / tokens if tokens else None
         cell.proxy_cpu_cores = cpu / wall
         cell.peak_rss_mib = after.peak_rss_bytes / 2**20
         cell.pss_mib = after.pss_bytes / 2**20
+        if watch is not None and watch.peak_bytes:
+            cell.pss_idle_mib = before.pss_bytes / 2**20
+            cell.pss_peak_mib = watch.peak_bytes / 2**20
+            opened = int(cell.streams.get("max_open", 0)) if cell.streams else 0
+            if opened:
+                cell.pss_per_stream_kib = max(0, watch.peak_bytes - before.pss_bytes) / 1024 / opened
         labels = proxy.process_labels()
         by_pid = after.cpu_seconds_by_pid(before)
         cell.proxy_cpu_s_by_process = {
@@ -369,26 +486,32 @@ def measure(
     return cell
 
 
+def _pace(upstream: Service, scenario: Scenario, checking: bool) -> None:
+    """The upstream's token pacing for this scenario; none for the check request, which must not trickle."""
+    if isinstance(upstream, MockEngineService):
+        upstream.configure(token_delay=0.0 if checking else scenario.token_delay)
+    elif isinstance(upstream, PacedEngineService):
+        upstream.pace(*((0.0, 0.0) if checking else scenario.pace_ms))
+
+
 def run_scenarios(run: Run, fleet: Fleet, workdir: Path) -> None:
     """Targets interleave within a scenario, so that each ratio compares neighbouring minutes."""
     args = run.args
     for scenario in run.scenarios:
         upstream = fleet.upstreams[scenario.upstream]
-        if isinstance(upstream, MockEngineService):
-            upstream.configure(token_delay=0.0)  # the check request must not trickle
+        _pace(upstream, scenario, checking=True)
         ready: list[tuple[str, int, Service | None]] = []
         for target in (t for t in scenario.targets if t in args.targets):
             found = fleet.endpoint(target, scenario.upstream)
             if found is None:
                 continue  # not started: its failure or absence is already recorded
             try:
-                check(scenario, found[0])
+                check(scenario, found[0], target_headers(scenario, found[1], upstream))
                 ready.append((target, *found))
             except (RuntimeError, OSError) as exc:
                 run.failures[f"{scenario.name}/{target}"] = str(exc)
                 print(f"!! {scenario.name}/{target} not measured: {exc}", file=sys.stderr)
-        if isinstance(upstream, MockEngineService):
-            upstream.configure(token_delay=scenario.token_delay)
+        _pace(upstream, scenario, checking=False)
         for round_ in range(args.rounds):
             for target, port, proxy in ready:
                 try:
@@ -413,7 +536,7 @@ def machine_info() -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError, IndexError):
         mem_kib = int(Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1])
     versions = {"python": platform.python_version(), "nginx": nginx_version(), "wrk": wrk_version()}
-    for pkg in ("granian", "aiohttp", "uvloop", "litellm"):
+    for pkg in ("granian", "aiohttp", "uvloop"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[pkg] = metadata.version(pkg)
     return {
@@ -423,7 +546,20 @@ def machine_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "versions": versions,
         "git": _git_revision(),
+        "peers": peer_versions(),
     }
+
+
+def peer_versions() -> dict[str, str]:
+    """The installed peers' versions, read from their own package metadata under perf/.peers/."""
+    out: dict[str, str] = {}
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        dist = next((PEERS / "litellm" / "lib").glob("python*/site-packages/litellm-*.dist-info"))
+        out["litellm"] = dist.name.removeprefix("litellm-").removesuffix(".dist-info")
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        pkg = PEERS / "node" / "node_modules" / "@portkey-ai" / "gateway" / "package.json"
+        out["portkey"] = str(json.loads(pkg.read_text())["version"])
+    return out
 
 
 def _git_revision() -> str:

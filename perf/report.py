@@ -10,14 +10,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perf.scenarios import REFERENCE
+from perf.scenarios import FLOOR, OPTIONAL, REFERENCE
 
 if TYPE_CHECKING:
     from perf.bench import Cell, Run
 
 __all__ = ["PLOTS", "medians", "plot", "render_markdown"]
 
-PLOTS = ("latency.png", "throughput.png", "streams.png")
+PLOTS = ("latency.png", "throughput.png", "streams.png", "engine-paced.png")
+PACED_GROUP = "engine-paced"
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
@@ -30,6 +31,14 @@ def medians(cells: Sequence[Cell]) -> list[Cell]:
     for c in cells:
         groups.setdefault((c.scenario, c.target), []).append(c)
     return [sorted(g, key=lambda c: c.rps)[(len(g) - 1) // 2] for g in groups.values()]
+
+
+def _ratio(value: float | None, ref: float | None) -> str:
+    return _num(value / ref if value is not None and ref else None, ".2f", "x")
+
+
+def _paced(run: Run, scenario: str) -> bool:
+    return any(s.name == scenario and s.group == PACED_GROUP for s in run.scenarios)
 
 
 def _missing_rows(run: Run, scenario: str, columns: int) -> list[str]:
@@ -46,62 +55,132 @@ def _missing_rows(run: Run, scenario: str, columns: int) -> list[str]:
 def requests_table(run: Run, cells: Sequence[Cell]) -> str:
     wrk_cells = [c for c in cells if c.wrk is not None]
     ref = {c.scenario: c for c in wrk_cells if c.target == REFERENCE}
+    floor = {c.scenario: c for c in wrk_cells if c.target == FLOOR}
     head = (
-        "| scenario | target | req/s | x nginx req/s | p50 ms | x nginx p50 | p90 ms | p99 ms | p99.9 ms "
-        "| non-2xx | socket errors | CPU µs/req | peak RSS MiB |"
+        "| scenario | target | req/s | x nginx req/s | x minimal-proxy req/s | p50 ms | x nginx p50 | p90 ms "
+        "| p99 ms | p99.9 ms | non-2xx | socket errors | CPU µs/req | peak RSS MiB |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     seen: list[str] = []
     for c in wrk_cells:
         if c.scenario not in seen and seen:
-            lines += _missing_rows(run, seen[-1], 13)
+            lines += _missing_rows(run, seen[-1], 14)
         if c.scenario not in seen:
             seen.append(c.scenario)
         w = c.wrk
         assert w is not None
         r = ref.get(c.scenario)
+        f = floor.get(c.scenario)
         rps_ratio = w.rps / r.rps if r and r.rps else None
         p50_ratio = w.p50_ms / r.wrk.p50_ms if r and r.wrk and r.wrk.p50_ms else None
         lines.append(
-            f"| {c.scenario} | {c.target} | {w.rps:,.0f} | {_num(rps_ratio, '.2f', 'x')} | {w.p50_ms:.2f} "
+            f"| {c.scenario} | {c.target} | {w.rps:,.0f} | {_num(rps_ratio, '.2f', 'x')} "
+            f"| {_ratio(w.rps, f.rps if f else None)} | {w.p50_ms:.2f} "
             f"| {_num(p50_ratio, '.2f', 'x')} | {w.p90_ms:.2f} | {w.p99_ms:.2f} | {w.p999_ms:.2f} "
             f"| {w.non_2xx} | {w.socket_errors} | {_num(c.cpu_us_per_request, '.1f')} "
             f"| {_num(c.peak_rss_mib, '.1f')} |"
         )
     if seen:
-        lines += _missing_rows(run, seen[-1], 13)
+        lines += _missing_rows(run, seen[-1], 14)
     return "\n".join(lines) if seen else ""
 
 
 def streams_table(run: Run, cells: Sequence[Cell]) -> str:
     head = (
-        "| scenario | target | streams | complete | stalls | max open | streams/s | TTFB p50 ms "
-        "| TTFB p99 ms | total p50 ms | total p99 ms | total p99.9 ms | CPU µs/stream | peak RSS MiB "
-        "| mock engine cores |"
+        "| scenario | target | streams | complete | stalls | max open | streams/s | x nginx streams/s "
+        "| x minimal-proxy streams/s | TTFB p50 ms | TTFB p99 ms | total p50 ms | total p99 ms "
+        "| total p99.9 ms | CPU µs/stream | x nginx CPU | peak RSS MiB | mock engine cores |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|" + "---:|" * 16]
+    ref = {c.scenario: c for c in cells if c.target == REFERENCE}
+    floor = {c.scenario: c for c in cells if c.target == FLOOR}
     seen: list[str] = []
     for c in cells:
-        if c.streams is None:
+        if c.streams is None or _paced(run, c.scenario):
             continue
         if c.scenario not in seen and seen:
-            lines += _missing_rows(run, seen[-1], 15)
+            lines += _missing_rows(run, seen[-1], 18)
         if c.scenario not in seen:
             seen.append(c.scenario)
         s = c.streams
         ttfb, total = s.get("ttfb_ms", {}), s.get("total_ms", {})
-        rate = "—" if s.get("mode") == "burst" else f"{c.rps:,.0f}"  # a burst has no steady rate
+        burst = s.get("mode") == "burst"
+        rate = "—" if burst else f"{c.rps:,.0f}"  # a burst has no steady rate
+        r, f = ref.get(c.scenario), floor.get(c.scenario)
+        x_ref = "—" if burst else _ratio(c.rps, r.rps if r else None)
+        x_floor = "—" if burst else _ratio(c.rps, f.rps if f else None)
         lines.append(
             f"| {c.scenario} | {c.target} | {s['streams']:,} | {s['complete']:,} | {s['stalls']} "
-            f"| {s['max_open']:,} | {rate} | {_num(ttfb.get('50.0'), '.2f')} "
+            f"| {s['max_open']:,} | {rate} | {x_ref} | {x_floor} | {_num(ttfb.get('50.0'), '.2f')} "
             f"| {_num(ttfb.get('99.0'), '.2f')} "
             f"| {_num(total.get('50.0'), '.1f')} | {_num(total.get('99.0'), '.1f')} "
             f"| {_num(total.get('99.9'), '.1f')} | {_num(c.cpu_us_per_request, '.0f')} "
+            f"| {_ratio(c.cpu_us_per_request, r.cpu_us_per_request if r else None)} "
             f"| {_num(c.peak_rss_mib, '.1f')} | {c.upstream_cpu_cores:.2f} |"
         )
     if seen:
-        lines += _missing_rows(run, seen[-1], 15)
+        lines += _missing_rows(run, seen[-1], 18)
     return "\n".join(lines) if seen else ""
+
+
+def paced_table(run: Run, cells: Sequence[Cell]) -> str:
+    """Engine-paced streams: completion, stalls against the pacing, CPU per token and PSS per open stream
+    above idle, each beside nginx's in the same scenario."""
+    rows = [c for c in cells if c.streams is not None and _paced(run, c.scenario)]
+    if not rows:
+        return ""
+    ref = {c.scenario: c for c in rows if c.target == REFERENCE}
+    lines = [
+        "| scenario | target | streams | complete | stalls | max open | max token gap p50 / p99 / max ms "
+        "| TTFB p50 / p99 ms | CPU µs/token | x nginx | PSS idle → peak MiB | PSS KiB/stream | x nginx "
+        "| upstream cores | load generator cores |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in rows:
+        s = c.streams
+        assert s is not None
+        gap, ttfb = s.get("max_token_gap_ms", {}), s.get("ttfb_ms", {})
+        r = ref.get(c.scenario)
+        pss = (
+            f"{c.pss_idle_mib:.1f} → {c.pss_peak_mib:.1f}"
+            if c.pss_idle_mib is not None and c.pss_peak_mib is not None
+            else "—"
+        )
+        lines.append(
+            f"| {c.scenario} | {c.target} | {s['streams']:,} | {s['complete']:,} | {s['stalls']} "
+            f"| {s['max_open']:,} | {_num(gap.get('50.0'), '.0f')} / {_num(gap.get('99.0'), '.0f')} / "
+            f"{_num(gap.get('max'), '.0f')} "
+            f"| {_num(ttfb.get('50.0'), '.1f')} / {_num(ttfb.get('99.0'), '.1f')} "
+            f"| {_num(c.cpu_us_per_token, '.2f')} "
+            f"| {_ratio(c.cpu_us_per_token, r.cpu_us_per_token if r else None)} | {pss} "
+            f"| {_num(c.pss_per_stream_kib, '.1f')} "
+            f"| {_ratio(c.pss_per_stream_kib, r.pss_per_stream_kib if r else None)} "
+            f"| {c.upstream_cpu_cores:.2f} | {c.loadgen_cpu_cores:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def peer_lines(cells: Sequence[Cell]) -> list[str]:
+    """How many times the peers' throughput the gateway serves, and at what fraction of their CPU."""
+    by = {(c.scenario, c.target): c for c in cells}
+    out = []
+    for c in cells:
+        if c.target != "gateway":
+            continue
+        parts = []
+        for peer in OPTIONAL:
+            p = by.get((c.scenario, peer))
+            if p is None or not p.rps:
+                continue
+            cpu = (
+                f" at {c.cpu_us_per_request / p.cpu_us_per_request:.3f}x its CPU per request"
+                if c.cpu_us_per_request and p.cpu_us_per_request
+                else ""
+            )
+            parts.append(f"{c.rps / p.rps:,.1f}x {peer}'s ({p.rps:,.0f}/s){cpu}")
+        if parts:
+            out.append(f"- {c.scenario}: the full gateway ({c.rps:,.0f}/s) serves " + "; ".join(parts))
+    return out
 
 
 def refusing_table(run: Run, cells: Sequence[Cell]) -> str:
@@ -188,7 +267,8 @@ def render_markdown(run: Run, meta: dict[str, Any]) -> str:
         f"- date: {meta['date']} ({meta['elapsed_s']:.0f} s in all)",
         f"- command: `{meta['command']}`",
         f"- machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB, Linux {m['kernel']}",
-        f"- versions: {versions}; git {m['git']}",
+        f"- versions: {versions}; git {m['git']}"
+        + "".join(f"; {k} {v} (perf/.peers)" for k, v in m.get("peers", {}).items()),
         f"- load: {args.duration} s per cell after {args.warmup} s warm-up (none before the slow-stream "
         f"burst), wrk -t{args.threads}; proxies run {args.workers} workers"
         + (f"; each row the median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""),
@@ -211,6 +291,20 @@ def render_markdown(run: Run, meta: dict[str, Any]) -> str:
             table,
             "",
         ]
+    if table := paced_table(run, cells):
+        parts += [
+            "## Engine-paced streams (perf.paced upstream)",
+            "",
+            "Max token gap: per complete stream, its longest wait between two tokens (the upstream paces "
+            "them 20-50 ms apart; a stall is a gap over the stall threshold). CPU per token: the proxy's "
+            "CPU over the complete streams' tokens. PSS: the proxy's processes summed, just before the "
+            "burst and at the largest sample while it ran; per stream: (peak - idle) / max open.",
+            "",
+            table,
+            "",
+        ]
+    if lines := peer_lines(cells):
+        parts += ["## Against the peers", "", *lines, ""]
     if table := refusing_table(run, cells):
         parts += ["## Refusing: a rate-limited key", "", table, ""]
     if lines := messages_lines(cells):
@@ -331,6 +425,35 @@ def plot(run: Run, out_dir: Path) -> list[Path]:
             bars(mem_ax, f"{name}: peak RSS, proxy processes summed", "MiB", mem)
         fig.tight_layout()
         written.append(_save(fig, out_dir / "streams.png"))
+        plt.close(fig)
+
+    paced = {s.name: s.connections for s in run.scenarios if s.group == PACED_GROUP}
+    paced_cells = [c for c in cells if c.scenario in paced and c.target != "direct"]
+    if paced_cells:
+        fig, (cpu_ax, mem_ax) = plt.subplots(1, 2, figsize=(11, 4))
+        for target in dict.fromkeys(c.target for c in paced_cells):
+            mine = sorted((c for c in paced_cells if c.target == target), key=lambda c: paced[c.scenario])
+            for ax, key in ((cpu_ax, "cpu_us_per_token"), (mem_ax, "pss_per_stream_kib")):
+                pts = [(paced[c.scenario], getattr(c, key)) for c in mine if getattr(c, key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=target, color=colours[target])
+        for ax, title, unit in (
+            (cpu_ax, "CPU per token, proxy processes", "µs"),
+            (mem_ax, "PSS per open stream above idle", "KiB"),
+        ):
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("concurrent streams", fontsize=8)
+            ax.set_ylabel(unit, fontsize=8)
+            ax.set_xticks(sorted(set(paced.values())))
+            ax.set_ylim(bottom=0)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        lo, hi = run.args.paced_ms
+        fig.suptitle(
+            f"Engine-paced streams ({run.args.paced_tokens} tokens, one every {lo:g}-{hi:g} ms per stream)"
+        )
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "engine-paced.png"))
         plt.close(fig)
     return written
 

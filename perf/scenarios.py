@@ -1,8 +1,9 @@
 """The benchmark's scenarios: what is sent, to which path, how hard, from which load generator, and which
 targets it applies to. Pure values, no I/O; ``python -m perf.bench --list`` prints them.
 
-Scenarios run on one of two upstreams: ``nginx`` (the nginx mock: fixed answers in microseconds, for
-whole responses) or ``engine`` (the project's Python mock engine, which streams and can trickle tokens).
+Scenarios run on one of three upstreams: ``nginx`` (the nginx mock: fixed answers in microseconds, for
+whole responses), ``engine`` (the project's Python mock engine, which streams and can trickle tokens) or
+``paced`` (``perf.paced``: thousands of streams, each token 20-50 ms after the last, as from a busy vLLM).
 Each has a group, so ``--scenarios`` takes either names or groups.
 """
 
@@ -12,15 +13,43 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from perf.targets import BENCH_KEY, BENCH_MODEL, LIMITED_KEY, LIMITED_RPM, STREAM_MODEL
+from perf.targets import BENCH_KEY, BENCH_MODEL, LIMITED_KEY, LIMITED_RPM, PACED_MODEL, STREAM_MODEL
 
-__all__ = ["ALL_TARGETS", "GROUPS", "REFERENCE", "Scenario", "build_scenarios", "select"]
+__all__ = [
+    "ALL_TARGETS",
+    "FLOOR",
+    "GROUPS",
+    "OPTIONAL",
+    "REFERENCE",
+    "Scenario",
+    "build_scenarios",
+    "processes_for",
+    "select",
+]
 
 # gateway: rate limits, a budget, prices and usage records on every request; gateway-bare: all of it off;
-# litellm: a peer Python gateway, measured only when it is installed.
-ALL_TARGETS = ("direct", "nginx", "gateway", "gateway-bare", "litellm")
+# null-app and minimal-proxy: the floor of the gateway's shape (perf/floor.py under granian); litellm and
+# portkey: peer gateways, measured only when installed (scripts/bench-peers.sh).
+ALL_TARGETS = (
+    "direct",
+    "nginx",
+    "null-app",
+    "minimal-proxy",
+    "gateway",
+    "gateway-bare",
+    "litellm",
+    "portkey",
+)
+OPTIONAL = ("litellm", "portkey")  # a missing one is a row saying so, never a failure
 REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
-PROXIES = ("direct", "nginx", "gateway", "gateway-bare", "litellm")
+FLOOR = "minimal-proxy"  # and to this one's: what the gateway's own work costs on top of its shape
+PROXIES = ("direct", "nginx", "null-app", "minimal-proxy", "gateway", "gateway-bare", "litellm", "portkey")
+# null-app answers from memory: it cannot stream. Portkey's gateway 1.15.2 answers every stream with a 500
+# on Node 20 (its updateHeaders appends to the immutable headers of undici's fetch Response: "TypeError:
+# immutable" in its log, 2026-12-01), so it is measured on whole responses only.
+STREAMERS = tuple(t for t in PROXIES if t not in ("null-app", "portkey"))
+# The peers are left out of the paced bursts: at thousands of streams they would take the run's minutes.
+PACED_TARGETS = ("direct", "nginx", "minimal-proxy", "gateway", "gateway-bare")
 GATEWAYS = ("gateway", "gateway-bare")
 
 CHAT = "/v1/chat/completions"
@@ -60,7 +89,7 @@ class Scenario:
     name: str
     group: str
     what: str  # one line for the report
-    upstream: str  # "nginx" | "engine"
+    upstream: str  # "nginx" | "engine" | "paced"
     loadgen: str  # "wrk" | "streams"
     path: str
     body: bytes
@@ -76,6 +105,20 @@ class Scenario:
     ramp_s: float = 0.0
     stall_after_s: float = 2.0
     itl: bool = False  # keep every inter-token gap (perf.vllm)
+    pace_ms: tuple[float, float] = (0.0, 0.0)  # perf.paced's gap between tokens, drawn per token
+    procs: int = 1  # perf.streams processes sharing the streams
+
+
+# One Python process of perf.streams reads, and one of perf.paced writes, at most some 70-90k tokens a
+# second on this machine; a stream paced 20-50 ms apart carries ~29 a second. Past this many streams per
+# process the load generator or the upstream, not the proxy, would set the pace.
+STREAMS_PER_PROCESS = 2000
+
+
+def processes_for(streams: int, cores: int) -> int:
+    """How many load-generator (or paced-upstream) processes ``streams`` paced streams need, at most one a
+    core: on a machine with fewer cores than that, the figures say so through the harness's own CPU."""
+    return max(1, min(cores, -(-streams // STREAMS_PER_PROCESS)))
 
 
 def build_scenarios(
@@ -89,6 +132,11 @@ def build_scenarios(
     slow_token_delay: float = 0.2,
     slow_ramp_s: float = 2.0,
     stall_after_s: float = 2.0,
+    paced_streams: Sequence[int] = (1000, 5000),
+    paced_tokens: int = 256,
+    paced_ms: tuple[float, float] = (20.0, 50.0),
+    paced_ramp_s: float = 2.0,
+    cores: int = 1,
 ) -> list[Scenario]:
     """Every scenario, in the order they run (the slow-stream burst last: it leaves the most behind)."""
     out = [
@@ -195,7 +243,7 @@ def build_scenarios(
             stream_body,
             OPENAI_HEADERS,
             stream_connections,
-            PROXIES,
+            STREAMERS,
             check_marker=b"data: [DONE]",
             expect_tokens=stream_tokens,
             stall_after_s=stall_after_s,
@@ -215,7 +263,7 @@ def build_scenarios(
             slow_body,
             OPENAI_HEADERS,
             slow_streams,
-            PROXIES,
+            STREAMERS,
             check_marker=b"data: [DONE]",
             burst=True,
             expect_tokens=slow_tokens,
@@ -224,10 +272,36 @@ def build_scenarios(
             stall_after_s=stall_after_s,
         )
     )
+    paced_body = chat_body(PACED_MODEL, max_tokens=paced_tokens, stream=True)
+    lo, hi = paced_ms
+    out += [
+        Scenario(
+            f"paced-{n}",
+            "engine-paced",
+            f"{n:,} concurrent streams of {paced_tokens} tokens, one every {lo:g}-{hi:g} ms per stream "
+            f"(perf.paced, as from a busy vLLM; ~{paced_tokens * (lo + hi) / 2000:.0f} s each), started over "
+            f"{paced_ramp_s:g} s",
+            "paced",
+            "streams",
+            CHAT,
+            paced_body,
+            OPENAI_HEADERS,
+            n,
+            PACED_TARGETS,
+            check_marker=b"data: [DONE]",
+            burst=True,
+            expect_tokens=paced_tokens,
+            ramp_s=paced_ramp_s,
+            stall_after_s=stall_after_s,
+            pace_ms=paced_ms,
+            procs=processes_for(n, cores),
+        )
+        for n in paced_streams
+    ]
     return out
 
 
-GROUPS = ("small", "large-body", "rate-limited", "messages", "streams", "slow-streams")
+GROUPS = ("small", "large-body", "rate-limited", "messages", "streams", "slow-streams", "engine-paced")
 
 
 def select(scenarios: Sequence[Scenario], wanted: Sequence[str]) -> list[Scenario]:

@@ -1,5 +1,7 @@
-"""The processes a benchmark runs: the upstreams (the nginx mock and the Python mock engine, which can
-trickle tokens), the nginx reverse proxy, the gateway and, when installed, a peer Python gateway (LiteLLM).
+"""The processes a benchmark runs: the upstreams (the nginx mock, the Python mock engine, which can trickle
+tokens, and ``perf.paced``, which paces thousands of streams like a busy vLLM), the nginx reverse proxy,
+the floor (``perf/floor.py`` under granian's CLI), the gateway and, when installed under perf/.peers/
+(``scripts/bench-peers.sh``), the peers: LiteLLM's proxy and Portkey's Node gateway.
 
 Each ``Service`` is a subprocess started from this checkout, owned by PID: ``stop()`` sends SIGTERM to the
 process it started, then SIGKILL to every PID of its process tree that is still alive. ``ProcessTree``
@@ -30,12 +32,17 @@ __all__ = [
     "CLK_TCK",
     "LIMITED_KEY",
     "LIMITED_RPM",
+    "PACED_MODEL",
+    "PEERS",
     "ROOT",
     "STREAM_MODEL",
+    "FloorService",
     "GatewayService",
     "LiteLLMService",
     "MockEngineService",
     "NginxService",
+    "PacedEngineService",
+    "PortkeyService",
     "ProcessTree",
     "Service",
     "TreeSample",
@@ -49,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH_MODEL = "bench-model"
 BENCH_KEY = "sk-gw-bench-0000000000000000000000"
 STREAM_MODEL = "stream-model"  # the gateway's model on the Python mock engine
+PACED_MODEL = "paced-model"  # the gateway's model on perf.paced
+PEERS = ROOT / "perf" / ".peers"  # where scripts/bench-peers.sh installs the peers (git-ignored)
 # A key allowed far fewer requests than the benchmark offers: what answering 429 costs.
 LIMITED_KEY = "sk-gw-bench-limited-000000000000000"
 LIMITED_RPM = 600
@@ -132,6 +141,11 @@ class ProcessTree:
                 Path(f"/proc/{pid}/clear_refs").write_text("5")
             except OSError:
                 pass
+
+    @staticmethod
+    def pss_bytes(pids: Sequence[int]) -> int:
+        """The summed PSS of ``pids`` now (a process gone since counts 0)."""
+        return sum(_rollup_kib(pid, "Pss:") for pid in pids) * 1024
 
     def sample(self) -> TreeSample:
         ticks: dict[int, int] = {}
@@ -327,11 +341,14 @@ budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }
 """
 
 
-def gateway_config(upstream_url: str, accounted: bool = True, engine_url: str | None = None) -> str:
+def gateway_config(
+    upstream_url: str, accounted: bool = True, engine_url: str | None = None, paced_url: str | None = None
+) -> str:
     """The gateway's TOML: the nginx mock as an OpenAI backend (``engine``) and, at the same URL, as an
     Anthropic one (``engine-anthropic``); the Python mock engine (``sse-engine``) when ``engine_url`` is
-    given. Models: ``bench-model`` and ``chat`` (OpenAI backend), ``claude`` (Anthropic backend, native
-    passthrough for /v1/messages) and ``stream-model`` (the mock engine). One principal and its key; a
+    given, and perf.paced (``paced-engine``, model ``paced-model``) when ``paced_url`` is. Models:
+    ``bench-model`` and ``chat`` (OpenAI backend), ``claude`` (Anthropic backend, native passthrough for
+    /v1/messages) and ``stream-model`` (the mock engine). One principal and its key; a
     second key with ``LIMITED_RPM`` requests per minute. With ``accounted``, the principal has rate limits
     and a budget, and every model a price."""
     principal_extra = ACCOUNTED if accounted else ""
@@ -348,6 +365,17 @@ url = "{engine_url}"
 [[provider_models]]
 name = "stream-mock"
 backends = [{{ backend = "sse-engine", model = "mock-model" }}]
+"""
+    if paced_url is not None:
+        models.append((PACED_MODEL, "paced-mock"))
+        engine += f"""
+[[backends]]
+name = "paced-engine"
+url = "{paced_url}"
+
+[[provider_models]]
+name = "paced-mock"
+backends = [{{ backend = "paced-engine", model = "mock-model" }}]
 """
     frontend = "".join(
         f"""
@@ -412,6 +440,7 @@ class GatewayService(Service):
         accounted: bool = True,
         engine_url: str | None = None,
         config: str | None = None,
+        paced_url: str | None = None,
     ) -> None:
         self.name = "gateway" if accounted else "gateway-bare"
         super().__init__(workdir)
@@ -420,7 +449,7 @@ class GatewayService(Service):
         suffix = "" if accounted else "-bare"
         self.data_dir = workdir / f"gateway{suffix}-data"
         self.config_path = workdir / f"gateway{suffix}.toml"
-        self.config_path.write_text(config or gateway_config(upstream_url, accounted, engine_url))
+        self.config_path.write_text(config or gateway_config(upstream_url, accounted, engine_url, paced_url))
 
     def start(self, timeout: float = 30.0) -> GatewayService:
         argv = [
@@ -488,10 +517,13 @@ class MockEngineService(Service):
 def litellm_command() -> list[str] | None:
     """How to start LiteLLM's proxy from this environment: its ``litellm`` script beside this Python or on
     PATH, else its module if it is importable; ``None`` when it is not installed (it is optional and never
-    installed by the benchmark)."""
+    installed into the project's environment; ``scripts/bench-peers.sh`` puts it in perf/.peers/litellm)."""
     import importlib.util
     import shutil
 
+    own = PEERS / "litellm" / "bin" / "litellm"
+    if own.exists():
+        return [str(own)]
     beside = Path(sys.executable).parent / "litellm"
     if beside.exists():
         return [str(beside)]
@@ -521,8 +553,8 @@ def litellm_config(upstream_url: str, engine_url: str | None) -> str:
 
 
 class LiteLLMService(Service):
-    """LiteLLM's proxy (a peer Python gateway) with ``workers`` processes, for comparison only. Not
-    installed here, and never a CI dependency: ``LiteLLMService.available()`` says whether it can run."""
+    """LiteLLM's proxy (a peer Python gateway) with ``workers`` processes, for comparison only. Never a
+    dependency of the project: ``LiteLLMService.available()`` says whether it can run."""
 
     name = "litellm"
 
@@ -536,19 +568,119 @@ class LiteLLMService(Service):
     def available() -> bool:
         return litellm_command() is not None
 
-    def start(self, timeout: float = 120.0) -> LiteLLMService:
+    def start(self, timeout: float = 300.0) -> LiteLLMService:
         command = litellm_command()
         if command is None:
             raise RuntimeError("litellm: not installed")
         argv = [
             *command, "--config", str(self.config_path), "--host", "127.0.0.1",
             "--port", str(self.port), "--num_workers", str(self.workers),
+            # uvicorn kills a worker that has not answered its supervisor's ping within 5 s; LiteLLM's
+            # imports alone take longer on a busy 2-core machine, and its workers then die in a loop.
+            "--timeout_worker_healthcheck", "300",
         ]  # fmt: skip
-        env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}
+        env = {
+            **os.environ,
+            "LITELLM_LOG": "ERROR",
+            "LITELLM_TELEMETRY": "False",
+            "NO_DOCS": "True",
+            # Its price list from the package, not from the network (which the benchmark never uses).
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # Every mock token is the same text, and LiteLLM ends a stream with an error after 100 equal
+            # chunks in a row ("The model is repeating the same chunk"), a guard for looping models.
+            "REPEATED_STREAMING_CHUNK_LIMIT": "1000000",
+        }
         self._spawn(argv, cwd=self.workdir, env=env)
         self._wait(
             lambda: http_request(self.port, "GET", "/health/liveliness")[0] == 200,
             timeout,
             "/health/liveliness",
         )
+        return self
+
+
+class PacedEngineService(Service):
+    """``python -m perf.paced``: one process, one timer for all its streams (see its docstring); the pacing
+    is changed with ``pace`` (``0, 0`` for the check request of a scenario)."""
+
+    name = "paced-engine"
+
+    def __init__(self, workdir: Path, procs: int = 1) -> None:
+        super().__init__(workdir)
+        self.procs = procs
+
+    def start(self, timeout: float = 20.0) -> PacedEngineService:
+        argv = [sys.executable, "-m", "perf.paced", "--port", str(self.port), "--procs", str(self.procs)]
+        self._spawn(argv, cwd=ROOT)
+        self._wait(lambda: http_request(self.port, "GET", "/health")[0] == 200, timeout, "GET /health")
+        return self
+
+    def pace(self, min_ms: float, max_ms: float) -> None:
+        body = json.dumps({"min_ms": min_ms, "max_ms": max_ms}).encode()
+        status, answer = http_request(self.port, "POST", "/pace", body, {"Content-Type": "application/json"})
+        if status != 200:
+            raise RuntimeError(f"perf.paced refused pacing {min_ms}-{max_ms} ms: {status} {answer[:200]!r}")
+
+
+class FloorService(Service):
+    """An app of ``perf/floor.py`` under granian's own CLI, as the gateway's workers run it (RSGI, uvloop,
+    HTTP/1 only, no websockets): ``null-app`` answers from memory, ``minimal-proxy`` forwards to
+    ``upstream_url`` on the gateway's upstream client."""
+
+    APPS = {"null-app": "perf.floor:null_app", "minimal-proxy": "perf.floor:minimal_proxy"}
+
+    def __init__(
+        self, workdir: Path, name: str, upstream_url: str, workers: int = 2, label: str = ""
+    ) -> None:
+        self.name = label or name
+        super().__init__(workdir)
+        self.app = self.APPS[name]
+        self.upstream_url = upstream_url
+        self.workers = workers
+
+    def start(self, timeout: float = 30.0) -> FloorService:
+        beside = Path(sys.executable).parent / "granian"
+        granian = [str(beside)] if beside.exists() else [sys.executable, "-m", "granian"]
+        argv = [
+            *granian, "--interface", "rsgi", "--workers", str(self.workers), "--loop", "uvloop",
+            "--http", "1", "--no-ws", "--host", "127.0.0.1", "--port", str(self.port),
+            "--backpressure", "16384", "--log-level", "warning", self.app,
+        ]  # fmt: skip
+        env = {**os.environ, "PERF_FLOOR_UPSTREAM": self.upstream_url}
+        self._spawn(argv, cwd=ROOT, env=env)
+        # Each worker binds with SO_REUSEPORT: ask several times so that both answer.
+        self._wait(lambda: http_request(self.port, "GET", "/health")[0] > 0, timeout, "an answer to GET /")
+        return self
+
+
+def portkey_command() -> list[str] | None:
+    """``node`` and Portkey's start script from perf/.peers/node (``scripts/bench-peers.sh``); ``None``
+    when either is missing."""
+    import shutil
+
+    script = PEERS / "node" / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    node = shutil.which("node")
+    return [node, str(script)] if node and script.exists() else None
+
+
+class PortkeyService(Service):
+    """Portkey's AI gateway (npm ``@portkey-ai/gateway``), one Node process, for comparison only. Each
+    request names its upstream in ``x-portkey-*`` headers (``headers_for``)."""
+
+    name = "portkey"
+
+    @staticmethod
+    def available() -> bool:
+        return portkey_command() is not None
+
+    @staticmethod
+    def headers_for(upstream_url: str) -> dict[str, str]:
+        return {"x-portkey-provider": "openai", "x-portkey-custom-host": f"{upstream_url}/v1"}
+
+    def start(self, timeout: float = 60.0) -> PortkeyService:
+        command = portkey_command()
+        if command is None:
+            raise RuntimeError("portkey: not installed")
+        self._spawn([*command, f"--port={self.port}", "--headless"], cwd=self.workdir)
+        self._wait(lambda: http_request(self.port, "GET", "/")[0] > 0, timeout, "an answer to GET /")
         return self

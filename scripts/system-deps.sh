@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a target needs, only when missing (CI starts from a machine with none).
 #   system-deps.sh test    what `make test` drives for real (git, PostgreSQL, haproxy, Chromium, npm...)
-#   system-deps.sh bench   what `make bench` drives (nginx as mock upstream and reference proxy, wrk)
+#   system-deps.sh bench   what `make bench` drives (nginx as mock upstream and reference proxy, wrk; npm
+#                          for the Node peer that scripts/bench-peers.sh installs)
 #   system-deps.sh profile what `make profile-native` runs the C parts under (valgrind)
 set -euo pipefail
 want=()
@@ -19,6 +20,7 @@ case "${1:-test}" in
     bench)
         need nginx /usr/sbin/nginx nginx-light
         need wrk /usr/bin/wrk wrk
+        need npm /usr/bin/npm npm  # scripts/bench-peers.sh installs Portkey's gateway (Node) with it
         ;;
     profile)
         need valgrind /usr/bin/valgrind valgrind
