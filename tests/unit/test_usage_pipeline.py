@@ -96,25 +96,30 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
-    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team")
-    assert orjson.loads(encode_record(r))[0] == 4
+    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team", cut="client")
+    assert orjson.loads(encode_record(r))[0] == 5
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
     assert decode_record(encode_record(r._replace(tag=None))).tag is None
+    assert decode_record(encode_record(r._replace(cut=None))).cut is None
     row = r.row()
-    assert row[-4] == -5 and to_unsigned64(row[-4]) == 2**64 - 5 and row[-3:] == ("trace-7", 2, "red-team")
+    assert row[-5] == -5 and to_unsigned64(row[-5]) == 2**64 - 5
+    assert row[-4:] == ("trace-7", 2, "red-team", "client")
 
 
 def test_older_records_still_decode() -> None:
-    r = rec(1, client_request_id="c", attempts=3, tag="t")
+    r = rec(1, client_request_id="c", attempts=3, tag="t", cut="upstream")
     v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
-    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None)
-    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None)
-    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None)
+    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None, cut=None)
+    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None, cut=None)
+    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None, cut=None)
+    assert decode_record(orjson.dumps([4, *r[:19]])) == r._replace(cut=None)
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([3, *r]))  # a version 3 record has no tag
+        decode_record(orjson.dumps([3, *r[:19]]))  # a version 3 record has no tag
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([4, *r[:18]]))  # and a version 4 record has one, if only null
+        decode_record(orjson.dumps([4, *r]))  # a version 4 record has no cut
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([5, *r[:19]]))  # and a version 5 record has one, if only null
 
 
 def longest(tag: str | None) -> UsageRecord:
@@ -220,6 +225,7 @@ def test_a_batch_decodes_as_its_records() -> None:
             attempts=i % 3,
             tag="t" if i % 2 else None,
             ttfb_ms=None if i % 3 else 1.0,
+            cut=("client", "upstream", None)[i % 3],
         )
         for i in range(5)
     ]
@@ -229,7 +235,7 @@ def test_a_batch_decodes_as_its_records() -> None:
     assert records_from_values([]) == []
     older = orjson.loads(orjson.dumps([3, *records[0][:18]]))
     assert records_from_values([*batch, older]) is None  # an older version: one by one
-    for version in (3, 5):  # a version 3 record has no tag; there is no version 5
+    for version in (4, 6):  # a version 4 record has no cut; there is no version 6
         assert records_from_values([*batch, [version, *batch[0][1:]]]) is None
 
 
