@@ -34,7 +34,7 @@ from gateway.errors import BadRequest
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
 from gateway.protocol.paths import target_is_safe
 
-__all__ = ["UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
+__all__ = ["RequestNotSendable", "UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
 
 # Unread body bytes above which reading from the socket pauses (the gateway's client may be slow), and
 # the level at which it resumes.
@@ -54,6 +54,11 @@ _HEAD, _DATA, _ALL = 0, 1, 2
 class UpstreamError(Exception):
     """The backend could not be reached or did not answer properly: connect refused, TLS, reset,
     malformed response, timeout."""
+
+
+class RequestNotSendable(UpstreamError):
+    """The request itself cannot be written as HTTP/1.1 (a CR, LF or space in its target or a header, a
+    header that is not UTF-8): nothing was sent, and no backend is to blame."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -441,7 +446,7 @@ class UpstreamClient:
         try:
             head = serialize_head(method, prefix + target, pool.host_header, headers, len(body))
         except HTTP1Error as exc:
-            raise UpstreamError(f"cannot send this request to {pool.label}: {exc}") from None
+            raise RequestNotSendable(f"cannot send this request: {exc}") from None
         head_request = method == "HEAD"
         conn = self._take_idle(pool)
         if conn is not None:
