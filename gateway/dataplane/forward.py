@@ -173,7 +173,6 @@ class Forwarder:
             or resp.content_type == "text/event-stream"
             or (length > WHOLE_LIMIT and translation is None)
         )
-        pace = _Pace(peer, self.stall_timeout)
         try:
             if not streamed:
                 try:
@@ -193,6 +192,7 @@ class Forwarder:
                 elif length is not None:
                     headers.append(("content-length", str(length)))
                 transport = proto.response_stream(resp.status, headers)
+                pace = _Pace(peer, self.stall_timeout)
                 await _relay_translated(transport, resp, translation, tap, pace, length is None)
                 return
             if length is not None:
@@ -201,6 +201,7 @@ class Forwarder:
             # A tapped stream's end is announced before the client can see it: with its last piece when the
             # engine's framing says which that is, else once the body ended, before the transport goes.
             last = getattr(transport, "send_last", None)
+            pace = _Pace(peer, self.stall_timeout)
             chunk = b""
             try:
                 async for chunk in resp:
@@ -242,7 +243,6 @@ class Forwarder:
             resp.close()  # drop the connection: the engine sees the client leave and stops generating
             raise
         finally:
-            pace.close()
             resp.release()
 
 
@@ -286,10 +286,6 @@ class _Pace:
             drain = self.drain = Drain(self.peer[0], self.peer[1], self.stall_timeout)
         await drain.wait(self.sent)
         self.check = self.sent + WINDOW // 4
-
-    def close(self) -> None:
-        if self.drain is not None:
-            self.drain.close()
 
 
 async def _relay_translated(
