@@ -364,7 +364,10 @@ class _Keepalive:
 
     async def _send(self) -> None:
         self.last = time.monotonic()
-        await self.transport.send_bytes(self.ping)
+        try:
+            await self.transport.send_bytes(self.ping)
+        except ProtocolClosed:
+            return  # the client left: the relay finds out with its next send
         self.timer = self.loop.call_later(PING_EVERY, self._due)
 
     def stop(self) -> None:
