@@ -193,6 +193,66 @@ def test_finish_records_the_exchange_tag(tag: str | None) -> None:
         assert got.tag and tag.startswith(got.tag) and len(got.tag) < len(tag)
 
 
+class _Stream:
+    """What granian's RSGI protocol gives a stream, minus the network."""
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
+        return self
+
+    async def send_bytes(self, data: bytes) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("cut", "usage_chunk", "expected"),
+    [
+        ("client", False, ("estimated", 200, 40, "client")),  # 40 chunks of " tok" relayed, then gone
+        ("upstream", False, ("estimated", 200, 40, "upstream")),
+        ("client", True, ("reported", 200, 300, "client")),  # the engine's own count had arrived
+    ],
+)
+def test_an_answer_cut_short_is_billed_for_what_was_relayed(
+    cut: str, usage_chunk: bool, expected: tuple[str, int, int, str]
+) -> None:
+    import asyncio
+
+    ring = UsageRing.create_layout(bytearray(ring_region_size(1, 4, RING_SLOT_BYTES)), 1, 4, RING_SLOT_BYTES)
+    accounting = Accounting(None, None, UsageLog(ring, 0))
+    principal = Principal("p1", "alice", True, frozenset())
+    ex = accounting.admit(
+        KeyEntry("k1", principal, None), "chat", Route("chat", "chat", "frontend", ()), 40, 300, 512
+    )
+    assert ex is not None
+    tap = ResponseTap(_Stream(), [])
+    transport = tap.response_stream(200, [])
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
+    usage = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":290,"total_tokens":300}}\n\n'
+    )
+
+    async def relay() -> None:
+        for _ in range(40):
+            await transport.send_bytes(chunk)
+        if usage_chunk:
+            await transport.send_bytes(usage)
+
+    asyncio.run(relay())
+    tap.backend, tap.attempts = "a", 1
+    if cut == "upstream":
+        tap.cut = cut
+        accounting.finish(ex, tap, 200, None, 0)
+    else:  # the client left: the request path knows only that (499), the tap the rest
+        accounting.finish(ex, tap, 499, None, 0)
+    (data,) = ring.read(0)
+    got = decode_record(data)
+    source, status, completion_or_total, why = expected
+    assert (got.usage_source, got.status, got.cut, got.backend, got.attempts) == (source, status, why, "a", 1)
+    if source == "estimated":
+        assert got.completion_tokens == completion_or_total and got.prompt_tokens == ex.prompt_estimate
+    else:
+        assert got.total_tokens == completion_or_total
+
+
 @pytest.mark.parametrize(
     "data",
     [
