@@ -315,9 +315,8 @@ class ProxyApp:
                 headers.get("x-request-id"),
             )
         forwarder = self.forwarder_or_fail()
-        peer = (scope.client, scope.server)  # for a stream's backpressure
         if accounting is None or exchange is None:
-            await self.run_guarded(proto, forwarder.forward(proto, out, targets, peer))
+            await self.run_guarded(proto, forwarder.forward(proto, out, targets, scope))
             return
         exchange.tag = decision.tag
         if out.dialect == "anthropic" and exchange.request_id:
@@ -335,7 +334,7 @@ class ProxyApp:
         tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
-            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, peer))
+            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope))
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None

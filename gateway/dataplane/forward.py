@@ -5,8 +5,15 @@ next one is, in the order routing decided. A target whose flow-control gate is f
 when all are the request waits for a place (``backend_load``). Other statuses are the answer. Nothing is
 retried once the first byte has been handed to the client. When every target failed, the last HTTP answer
 any of them gave reaches the client verbatim; only if none answered at all does the gateway speak
-(502/504).
-I/O: the upstream request through the worker's ``UpstreamClient``, and writes to the client.
+(502/504). What the client caused (a request that cannot be written, a 4xx) is never held against a
+backend's health.
+
+A chunked stream the backend breaks off ends with an error event in the client's protocol; the tap notes
+who cut an answer short (``cut``) so that it is billed for what was relayed. Streams are relayed no faster
+than the client's connection drains beyond a window (``drain``), and so are answers with a large length,
+which are therefore never held whole.
+I/O: the upstream request through the worker's ``UpstreamClient``, writes to the client, and (for streams
+past one window) netlink requests about the client's connection.
 """
 
 from __future__ import annotations
@@ -136,7 +143,8 @@ class Forwarder:
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded).
-        ``peer`` (the client connection's addresses) lets a streamed answer wait for its client."""
+        ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
+        a streamed answer wait for its client; it is read only by a stream that relayed a window."""
         load = self.load
         attempt = _Attempt(self, proto, out, len(targets), peer)
         full: list[Target] = []
@@ -238,6 +246,7 @@ class Forwarder:
             if tap is not None:
                 tap.cut = "client"
             resp.close()
+            exc.__traceback__ = None  # as above: nothing may pin the transport past the return
             raise RelayAborted(f"stream cut: {exc}") from None
         except BaseException:
             resp.close()  # drop the connection: the engine sees the client leave and stops generating
@@ -252,7 +261,10 @@ PING_EVERY = 10.0  # seconds of upstream silence after which an Anthropic client
 # Answers with a length above this are relayed as they arrive rather than read whole: one copy of them is
 # held (granian's), a window at a time, instead of the pieces, their join and granian's copy of that.
 WHOLE_LIMIT = 256 * 1024
-Peer = tuple[str, str]  # the client's and the server's address of the client's connection, "host:port"
+# The RSGI scope of the request: its ``client`` and ``server`` ("host:port") name the client's connection.
+# Handed over as it is, and read only by a stream past one window: the two strings granian makes when read
+# are not made for every request.
+Peer = Any
 
 
 def _cut_error() -> StreamCut:
@@ -282,8 +294,9 @@ class _Pace:
     async def wait(self) -> None:
         drain = self.drain
         if drain is None:
-            assert self.peer is not None
-            drain = self.drain = Drain(self.peer[0], self.peer[1], self.stall_timeout)
+            peer = self.peer
+            assert peer is not None  # no peer, no check: ``check`` is out of reach
+            drain = self.drain = Drain(peer.client, peer.server, self.stall_timeout)
         await drain.wait(self.sent)
         self.check = self.sent + WINDOW // 4
 
