@@ -13,10 +13,12 @@ beyond what the socket took since the drain started: what a stream holds in the 
 Only a stream that has already relayed one window (256 KiB) pays for it: one netlink request and reply
 (about 18 µs) per quarter window relayed, and a few per wait while the client is behind, at most one
 timer at a time. A client that takes nothing for ``stall_timeout`` seconds is cut, so a reader that
-stopped does not hold a backend's stream for ever. Where the connection cannot be looked up (not Linux, a
-UNIX socket, an address granian does not report) the stream is relayed without backpressure, as before,
-and the worker logs it once.
-I/O: netlink requests to the kernel (``NETLINK_SOCK_DIAG``), on one socket per worker.
+stopped does not hold a backend's stream for ever. granian names a connection by the listener's address,
+which for a listener on ``0.0.0.0`` or ``::`` is not the connection's local end: that is taken to be the
+address the host routes to the client from. Where the connection cannot be looked up (not Linux, a UNIX
+socket, odd routing) the stream is relayed without backpressure, as before, and the worker logs it once.
+I/O: netlink requests to the kernel (``NETLINK_SOCK_DIAG``), on one socket per worker; on a wildcard
+listener, one routing lookup (a UDP socket's connect, nothing sent) per watched stream.
 """
 
 from __future__ import annotations
@@ -142,6 +144,8 @@ def _request(local: str, remote: str) -> bytes | None:
             return None
         ends.append((host.strip("[]"), int(port)))
     (lhost, lport), (rhost, rport) = ends
+    if lhost in ("0.0.0.0", "::", ""):
+        lhost = _route_source(rhost) or lhost
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             src, dst = socket.inet_pton(family, lhost), socket.inet_pton(family, rhost)
@@ -156,6 +160,19 @@ def _request(local: str, remote: str) -> bytes | None:
         ext = 1 << (_INET_DIAG_INFO - 1)
         return struct.pack("=BBBBI", family, socket.IPPROTO_TCP, ext, 0, 0xFFFFFFFF) + sockid
     return None
+
+
+def _route_source(remote: str) -> str | None:
+    """The address this host sends from to reach ``remote``: the local end of a connection accepted on an
+    unspecified address (granian reports the listener's own, ``0.0.0.0:8080``), in all but odd routing
+    set-ups. A UDP socket's connect only consults the routing table; nothing is sent."""
+    family = socket.AF_INET6 if ":" in remote else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote, 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
 
 
 def _warn_once() -> None:
