@@ -184,7 +184,7 @@ class Forwarder:
         try:
             if not streamed:
                 try:
-                    data = await resp.read()
+                    data = await resp.read(TRANSLATE_LIMIT if translation is not None else 0)
                 except UpstreamError as exc:
                     raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
                 if translation is not None:
@@ -261,6 +261,11 @@ PING_EVERY = 10.0  # seconds of upstream silence after which an Anthropic client
 # Answers with a length above this are relayed as they arrive rather than read whole: one copy of them is
 # held (granian's), a window at a time, instead of the pieces, their join and granian's copy of that.
 WHOLE_LIMIT = 256 * 1024
+# A failed target's answer is kept (for the client, should every target fail) only up to this size: an error
+# body is small, and a backend that sends a huge one must not make the worker hold it.
+KEPT_LIMIT = 1 << 20
+# A whole answer that must be translated is read whole; one larger than this is refused (502), not held.
+TRANSLATE_LIMIT = 64 << 20
 # The RSGI scope of the request: its ``client`` and ``server`` ("host:port") name the client's connection.
 # Handed over as it is, and read only by a stream past one window: the two strings granian makes when read
 # are not made for every request.
@@ -472,7 +477,8 @@ class _Attempt:
                     health.consecutive -= 1  # load shedding says nothing about the backend's health
                 if self.tries < self.last:
                     try:
-                        self.kept = (status, _response_headers(resp), await resp.read(), up.translation)
+                        body = await resp.read(KEPT_LIMIT)
+                        self.kept = (status, _response_headers(resp), body, up.translation)
                     except UpstreamError:
                         pass
                     finally:

@@ -93,12 +93,18 @@ class UpstreamResponse:
         self.content_length = head.content_length
         self.content_type = head.content_type
 
-    async def read(self) -> bytes:
-        """The whole body. Each wait for more of it is bounded by the request's ``read_timeout``."""
+    async def read(self, limit: int = 0) -> bytes:
+        """The whole body. Each wait for more of it is bounded by the request's ``read_timeout``; with a
+        ``limit``, a body longer than that fails (``UpstreamError``) as soon as it shows, rather than being
+        held whole."""
         conn = self._conn
         if conn is None:
             raise UpstreamError("response already released")
+        if limit and ((self.content_length or 0) > limit or conn.buffered > limit):
+            conn.abort()
+            raise UpstreamError(f"answer of {self.content_length} bytes is over the {limit}-byte limit")
         if not conn.complete:
+            conn.limit = limit
             if conn.error is None:
                 if conn.paused:
                     conn.paused = False
@@ -183,6 +189,7 @@ class _Conn(asyncio.Protocol):
         "got_bytes",
         "idle",
         "idle_since",
+        "limit",
         "loop",
         "mode",
         "parser",
@@ -219,6 +226,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.mode = _HEAD
         self.read_timeout = 0.0
+        self.limit = 0  # bytes a whole-body read may hold (0: no limit)
         self.sent_at = 0.0
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -235,6 +243,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.error = None
         self.read_timeout = read_timeout
+        self.limit = 0
         now = self.loop.time()
         self.sent_at = now
         self.mode = _HEAD
@@ -343,6 +352,8 @@ class _Conn(asyncio.Protocol):
                 self._wake()
             elif mode == _ALL:
                 self.deadline = self.loop.time() + self.read_timeout
+                if self.limit and self.buffered > self.limit:
+                    self._fail(UpstreamError, f"answer from {self.pool.label} is over {self.limit} bytes")
         elif self.buffered > HIGH_WATER and not self.paused and not self.complete:
             # Nobody is waiting: the reader is busy sending what it has to a slow client.
             self.paused = True

@@ -823,3 +823,41 @@ def test_tls_untrusted_certificate_is_an_upstream_error(run: Any, certificate: t
             await client.close()
 
     run(go())
+
+
+def test_a_bounded_read_refuses_a_body_over_its_limit(run: Any) -> None:
+    """A whole-body read with a limit fails as soon as the body shows it is over it (declared or chunked),
+    without holding it; within the limit it is the body."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while await server.read_request(reader) is not None:
+            count = len(server.requests)  # the answers are told apart by request, whatever the connection
+            if count == 1:
+                writer.write(ok(b"e" * 1000))
+            elif count == 2:
+                writer.write(b"HTTP/1.1 500 Oops\r\nContent-Length: 50000000\r\n\r\n" + b"x" * 65536)
+            else:
+                writer.write(b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(64):  # 4 MiB, never ended
+                    writer.write(b"10000\r\n" + b"y" * 65536 + b"\r\n")
+                    await writer.drain()
+            await writer.drain()
+
+    server = TinyServer(handler)
+
+    async def go() -> None:
+        async with server:
+            client = UpstreamClient()
+            for expect in (b"e" * 1000, "over the 4096-byte limit", f"over {1 << 20} bytes"):
+                resp = await client.request(server.url, "GET", "/", [], b"", **TIMEOUTS)
+                try:
+                    if isinstance(expect, bytes):
+                        assert await resp.read(4096) == expect
+                    else:
+                        with pytest.raises(UpstreamError, match=expect):
+                            await resp.read(4096 if expect.startswith("over the") else 1 << 20)
+                finally:
+                    resp.release()
+            await client.close()
+
+    run(go())

@@ -303,3 +303,25 @@ def test_a_client_that_reads_nothing_is_cut_after_the_stall_timeout(
         assert rec.latency_ms < 10_000
     finally:
         gw.stop()
+
+
+def test_a_huge_error_answer_is_not_held_and_failover_goes_on(
+    tmp_path: Path, upstream: Upstream, mock_engine: MockEngine
+) -> None:
+    config = basic_config({"bad": upstream.url, "good": mock_engine.url}, chain=["pm-bad", "pm-good"])
+    gw = Gateway(tmp_path, config, workers=1)
+    try:
+        key = gw.create_key("alice")
+        gw.wait_key_live(key)
+        upstream.mode, upstream.size = "huge-error", 256 << 20
+        pid = gw.worker_pids()[0]
+        before = rss_kib(pid, "VmHWM")
+        r = httpx.post(
+            gw.url + "/v1/chat/completions", content=body(max_tokens=3), headers=auth(key), timeout=30
+        )
+        assert r.status_code == 200, r.text  # the next target's answer
+        growth = rss_kib(pid, "VmHWM") - before
+        assert growth < 16 * 1024, f"worker peak grew by {growth} KiB for a 256 MiB error body"
+        assert upstream.sent < 32 << 20  # the rest of it was never read
+    finally:
+        gw.stop()
