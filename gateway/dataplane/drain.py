@@ -119,7 +119,9 @@ def connection_state(query: bytes | None) -> tuple[int, int] | None:
                 break  # an answer to an earlier request that timed out is skipped
     except (OSError, AttributeError, struct.error):
         return None
-    if kind == _NLMSG_ERROR or length < _DIAG_MSG:
+    # Not found, the kernel may answer with the listener of that local port instead: only the very
+    # connection (both ports as asked) will do.
+    if kind == _NLMSG_ERROR or length < _DIAG_MSG or data[20:24] != query[8:12]:
         return None
     state = data[16 + 1]
     queued = struct.unpack_from("=I", data, _WQUEUE)[0]

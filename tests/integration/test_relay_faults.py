@@ -274,13 +274,8 @@ def test_a_slow_reader_holds_a_bounded_buffer(tmp_path: Path, upstream: Upstream
 def test_a_client_that_reads_nothing_is_cut_after_the_stall_timeout(
     tmp_path: Path, upstream: Upstream
 ) -> None:
-    # On a wildcard listener, whose address granian reports for every connection: the drain finds the
-    # connection's own local end all the same (connections still come only from 127.0.0.1).
     gw = Gateway(
-        tmp_path,
-        basic_config({"a": upstream.url}),
-        workers=1,
-        extra=("--stream-stall-timeout", "1", "--host", "0.0.0.0"),
+        tmp_path, basic_config({"a": upstream.url}), workers=1, extra=("--stream-stall-timeout", "1")
     )
     try:
         key = gw.create_key("alice")
@@ -325,3 +320,23 @@ def test_a_huge_error_answer_is_not_held_and_failover_goes_on(
         assert upstream.sent < 32 << 20  # the rest of it was never read
     finally:
         gw.stop()
+
+
+def test_the_drain_reads_a_connection_by_its_addresses_even_on_a_wildcard_listener() -> None:
+    """What the drain asks the kernel, on a real loopback connection of this process: its state and every
+    byte written to it, named as granian names it (the listener's address, ``0.0.0.0:PORT``, included)."""
+    from gateway.dataplane.drain import _request, connection_state
+
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))  # accepts only the connection made below, from 127.0.0.1
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        with client, served:
+            served.sendall(b"x" * 100_000)
+            peer = "{}:{}".format(*served.getpeername())
+            for local in (f"127.0.0.1:{port}", f"0.0.0.0:{port}"):
+                assert connection_state(_request(local, peer)) == (1, 100_000)
+            assert connection_state(_request(f"127.0.0.1:{port}", "127.0.0.1:1")) is None  # no such one
+            assert _request("unix:/run/gw.sock", peer) is None
