@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.upstreams"]
+pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.streaming_upstream"]

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gateway.dataplane import http_client
-from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamTimeout
+from gateway.dataplane.http_client import RequestNotSendable, UpstreamClient, UpstreamError, UpstreamTimeout
 from tests.fixtures.processes import MockEngine, free_port
 
 CHAT = "/v1/chat/completions"
@@ -374,6 +374,21 @@ def test_cancelled_before_headers_never_pools_the_connection(run: Any, mock: Moc
             assert client.connections_opened == 2
         finally:
             await client.close()
+
+    run(go())
+
+
+def test_a_request_that_cannot_be_written_is_the_requests_fault(run: Any, mock: MockEngine) -> None:
+    """A space or CR LF in the target or a header: nothing is sent, and the error says it is the request
+    (the forwarder then answers 400 and holds nothing against the backend)."""
+
+    async def go() -> None:
+        client = UpstreamClient()
+        for target, headers in (("/?q=a b", []), ("/", [("x-a", "1\r\nx-b: 2")])):
+            with pytest.raises(RequestNotSendable, match="cannot send this request"):
+                await client.request(mock.url, "POST", target, headers, b"{}", **TIMEOUTS)
+        assert client.connections_opened == 0
+        await client.close()
 
     run(go())
 

@@ -15,7 +15,7 @@ from gateway.config import Settings
 from gateway.controlplane.store import open_store
 from gateway.usage_record import UsageRecord
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
-from tests.fixtures.upstreams import Upstream
+from tests.fixtures.streaming_upstream import StreamingUpstream
 
 PRICED = "{ input = 1000.0, output = 1000.0 }"  # a thousandth of a unit per token
 BUDGETED = """
@@ -154,13 +154,15 @@ def _stream(gw: Gateway, key: str, path: str, content: bytes) -> tuple[int, str,
     return status, rid, got
 
 
-def test_an_upstream_cut_ends_the_stream_with_an_error_event(tmp_path: Path, upstream: Upstream) -> None:
-    config = basic_config({"a": upstream.url}, price=PRICED)
+def test_an_upstream_cut_ends_the_stream_with_an_error_event(
+    tmp_path: Path, streaming_upstream: StreamingUpstream
+) -> None:
+    config = basic_config({"a": streaming_upstream.url}, price=PRICED)
     gw = Gateway(tmp_path, config, workers=1)
     try:
         key = gw.create_key("alice")
         gw.wait_key_live(key)
-        upstream.mode, upstream.chunks = "cut-openai", 40
+        streaming_upstream.mode, streaming_upstream.chunks = "cut-openai", 40
         status, rid, got = _stream(gw, key, "/v1/chat/completions", body(stream=True))
         assert status == 200 and b"[DONE]" not in got
         assert got.count(b'"content":" tok"') == 40
@@ -176,16 +178,16 @@ def test_an_upstream_cut_ends_the_stream_with_an_error_event(tmp_path: Path, ups
 
 
 def test_an_upstream_cut_ends_an_anthropic_stream_with_its_error_event(
-    tmp_path: Path, upstream: Upstream
+    tmp_path: Path, streaming_upstream: StreamingUpstream
 ) -> None:
-    config = basic_config({"a": upstream.url}).replace(
-        f'url = "{upstream.url}"', f'url = "{upstream.url}"\nprotocol = "anthropic"'
+    config = basic_config({"a": streaming_upstream.url}).replace(
+        f'url = "{streaming_upstream.url}"', f'url = "{streaming_upstream.url}"\nprotocol = "anthropic"'
     )
     gw = Gateway(tmp_path, config, workers=1)
     try:
         key = gw.create_key("alice")
         gw.wait_key_live(key)
-        upstream.mode, upstream.chunks = "cut-anthropic", 20
+        streaming_upstream.mode, streaming_upstream.chunks = "cut-anthropic", 20
         status, rid, got = _stream(gw, key, "/v1/messages", body(stream=True, max_tokens=100))
         assert status == 200 and b"message_stop" not in got
         last = got.rstrip().rsplit(b"\n\n", 1)[-1]
@@ -215,7 +217,7 @@ def _request(gw: Gateway, key: str, stream: bool) -> bytes:
 
 
 def _slow_reader(
-    gw: Gateway, key: str, upstream: Upstream, stream: bool, size: int
+    gw: Gateway, key: str, streaming_upstream: StreamingUpstream, stream: bool, size: int
 ) -> tuple[int, int, int, bytes]:
     """Send a request, read nothing for a while (the upstream can send all of it meanwhile), note the
     worker's growth and what the upstream sent by then, then read it all; (growth in KiB, upstream bytes
@@ -229,7 +231,7 @@ def _slow_reader(
         time.sleep(0.3)
         first = sock.recv(4096)
         time.sleep(1.7)  # the client stalls; an unbounded relay holds the whole answer by now
-        growth, sent = rss_kib(pid) - before, upstream.sent
+        growth, sent = rss_kib(pid) - before, streaming_upstream.sent
         got = len(first)
         sock.settimeout(20)
         while True:
@@ -246,14 +248,14 @@ def _slow_reader(
         sock.close()
 
 
-def test_a_slow_reader_holds_a_bounded_buffer(tmp_path: Path, upstream: Upstream) -> None:
+def test_a_slow_reader_holds_a_bounded_buffer(tmp_path: Path, streaming_upstream: StreamingUpstream) -> None:
     size = 64 << 20
-    gw = Gateway(tmp_path, basic_config({"a": upstream.url}), workers=1)
+    gw = Gateway(tmp_path, basic_config({"a": streaming_upstream.url}), workers=1)
     try:
         key = gw.create_key("alice")
         gw.wait_key_live(key)
-        upstream.mode, upstream.size = "bulk", size
-        growth, sent, got, first = _slow_reader(gw, key, upstream, True, size)
+        streaming_upstream.mode, streaming_upstream.size = "bulk", size
+        growth, sent, got, first = _slow_reader(gw, key, streaming_upstream, True, size)
         print(f"64 MiB stream, client stalled 2 s: worker +{growth} KiB, upstream sent {sent >> 10} KiB")
         assert first.startswith(b"HTTP/1.1 200")
         assert sent < size // 4, sent  # the upstream is read only as the client drains
@@ -261,8 +263,8 @@ def test_a_slow_reader_holds_a_bounded_buffer(tmp_path: Path, upstream: Upstream
         assert got > size  # everything arrived once the client read (framing included)
         # A whole answer with a length (48 MiB): relayed as it comes, so a stalled client holds the worker
         # to a window of it too, and nothing is copied twice.
-        upstream.mode, upstream.size = "whole", 48 << 20
-        growth, sent, got, first = _slow_reader(gw, key, upstream, False, 48 << 20)
+        streaming_upstream.mode, streaming_upstream.size = "whole", 48 << 20
+        growth, sent, got, first = _slow_reader(gw, key, streaming_upstream, False, 48 << 20)
         print(f"48 MiB answer, client stalled 2 s: worker +{growth} KiB, upstream sent {sent >> 10} KiB")
         assert first.startswith(b"HTTP/1.1 200") and b"content-length: 50331648" in first.lower()
         assert growth < 16 * 1024, f"worker grew by {growth} KiB for a stalled 48 MiB answer"
@@ -272,15 +274,18 @@ def test_a_slow_reader_holds_a_bounded_buffer(tmp_path: Path, upstream: Upstream
 
 
 def test_a_client_that_reads_nothing_is_cut_after_the_stall_timeout(
-    tmp_path: Path, upstream: Upstream
+    tmp_path: Path, streaming_upstream: StreamingUpstream
 ) -> None:
     gw = Gateway(
-        tmp_path, basic_config({"a": upstream.url}), workers=1, extra=("--stream-stall-timeout", "1")
+        tmp_path,
+        basic_config({"a": streaming_upstream.url}),
+        workers=1,
+        extra=("--stream-stall-timeout", "1"),
     )
     try:
         key = gw.create_key("alice")
         gw.wait_key_live(key)
-        upstream.mode, upstream.size = "bulk", 64 << 20
+        streaming_upstream.mode, streaming_upstream.size = "bulk", 64 << 20
         sock = socket.create_connection(("127.0.0.1", gw.port))
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         try:
@@ -301,14 +306,16 @@ def test_a_client_that_reads_nothing_is_cut_after_the_stall_timeout(
 
 
 def test_a_huge_error_answer_is_not_held_and_failover_goes_on(
-    tmp_path: Path, upstream: Upstream, mock_engine: MockEngine
+    tmp_path: Path, streaming_upstream: StreamingUpstream, mock_engine: MockEngine
 ) -> None:
-    config = basic_config({"bad": upstream.url, "good": mock_engine.url}, chain=["pm-bad", "pm-good"])
+    config = basic_config(
+        {"bad": streaming_upstream.url, "good": mock_engine.url}, chain=["pm-bad", "pm-good"]
+    )
     gw = Gateway(tmp_path, config, workers=1)
     try:
         key = gw.create_key("alice")
         gw.wait_key_live(key)
-        upstream.mode, upstream.size = "huge-error", 256 << 20
+        streaming_upstream.mode, streaming_upstream.size = "huge-error", 256 << 20
         pid = gw.worker_pids()[0]
         before = rss_kib(pid, "VmHWM")
         r = httpx.post(
@@ -317,7 +324,7 @@ def test_a_huge_error_answer_is_not_held_and_failover_goes_on(
         assert r.status_code == 200, r.text  # the next target's answer
         growth = rss_kib(pid, "VmHWM") - before
         assert growth < 16 * 1024, f"worker peak grew by {growth} KiB for a 256 MiB error body"
-        assert upstream.sent < 32 << 20  # the rest of it was never read
+        assert streaming_upstream.sent < 32 << 20  # the rest of it was never read
     finally:
         gw.stop()
 
