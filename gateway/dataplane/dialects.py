@@ -124,6 +124,7 @@ class _Unbilled:
     body repeats the usage of the response it stores, which the tail parser would otherwise bill again)."""
 
     verbatim = True
+    unbilled = True  # not even for what was relayed of it when it is cut short (``ResponseTap``)
     _NONE = Usage(0, 0, 0, 0)
 
     def whole(self, body: bytes) -> bytes:
@@ -134,6 +135,9 @@ class _Unbilled:
 
     def finish(self) -> bytes:
         return b""
+
+    def cut(self, last: bytes) -> bytes:
+        return b""  # a stored resource, not a generation: a short body is all the client needs to see
 
     def error(self, status: int, body: bytes) -> bytes:
         return body

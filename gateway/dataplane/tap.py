@@ -124,7 +124,7 @@ class ResponseTap:
         """(prompt, completion) tokens of a streamed answer that ended short without its usage report,
         estimated from what was relayed; None when nothing was."""
         tail = self.tail
-        if tail is None or not self.relayed:
+        if tail is None or not self.relayed or getattr(self.meter, "unbilled", False):
             return None
         return prompt_estimate, estimate_relayed_tokens(tail.getvalue(), self.relayed)
 
