@@ -37,6 +37,7 @@ class Settings:
     database: str | None = None  # None: SQLite file under data_dir
     grace_period: float = 30.0  # seconds SIGTERM waits for in-flight requests and streams
     backend_cool_down: float = 5.0  # seconds a backend that failed 3 times in a row is skipped; 0: never
+    stream_stall_timeout: float = 60.0  # seconds a streamed answer waits for a client that takes no byte
     event_loop: str = field(
         default_factory=lambda: os.environ.get("GATEWAY_EVENT_LOOP", "uvloop")
     )  # or asyncio

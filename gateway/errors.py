@@ -18,6 +18,7 @@ __all__ = [
     "RequestTimeout",
     "RoutingRefused",
     "ServiceUnavailable",
+    "StreamCut",
     "Unauthorized",
     "UpstreamUnavailable",
     "anthropic_error_type",
@@ -54,6 +55,16 @@ class GatewayError(Exception):
         return orjson.dumps(
             {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
         )
+
+
+class StreamCut(GatewayError):
+    """Sent as the last event of a streamed answer whose backend broke off mid-stream (the status line went
+    out long before): the client can tell a cut answer from a complete one."""
+
+    status = 502
+    code = "upstream_stream_cut"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
 
 
 class BadRequest(GatewayError):

@@ -31,7 +31,7 @@ __all__ = [
     "to_unsigned64",
 ]
 
-VERSION = 4  # 2 added client_request_id, 3 attempts, 4 tag; older records (a proxy host's spool) still decode
+VERSION = 5  # 2 added client_request_id, 3 attempts, 4 tag, 5 cut; older records (a spool's) still decode
 
 
 class UsageRecord(NamedTuple):
@@ -56,10 +56,14 @@ class UsageRecord(NamedTuple):
     client_request_id: str | None = None  # what the client sent as x-request-id, if anything
     attempts: int = 1  # targets tried: 1 when the first answered, more after failovers, 0 when none was
     tag: str | None = None  # the usage tag of the routing rule that decided the request, if it had one
+    # How an answer that started ended short: None when it ended as the backend ended it; "client" when
+    # the client went away first, "upstream" when the backend's stream broke off. ``status`` stays what
+    # the client was sent.
+    cut: str | None = None
 
     def row(self) -> tuple[Any, ...]:
         """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        return (*self[:15], to_signed64(self.budget_key), self.client_request_id, self.attempts, self.tag)
+        return (*self[:15], to_signed64(self.budget_key), *self[16:])
 
 
 def encode_record(record: UsageRecord) -> bytes:
@@ -94,6 +98,7 @@ _TYPES = (
     _STR | _NONE,  # client_request_id (version 2)
     _INT,  # attempts (version 3)
     _STR | _NONE,  # tag (version 4)
+    _STR | _NONE,  # cut (version 5)
 )
 
 
@@ -106,9 +111,9 @@ def decode_record(data: bytes) -> UsageRecord:
     return record_from_values(values)
 
 
-# Every allowed combination of field types, so a record is checked with one lookup (96 combinations).
+# Every allowed combination of field types, so a record is checked with one lookup (192 combinations).
 _SIGNATURES = frozenset(itertools.product(*_TYPES))
-_new = tuple.__new__  # a record from exactly its 19 fields, without ``_make``'s Python frame
+_new = tuple.__new__  # a record from exactly its 20 fields, without ``_make``'s Python frame
 
 
 def record_from_values(values: Any) -> UsageRecord:
@@ -117,12 +122,14 @@ def record_from_values(values: Any) -> UsageRecord:
         raise ValueError("a usage record is a JSON array")
     if len(values) == len(_TYPES) + 1 and values[0] == VERSION:
         fields = values[1:]
-    elif len(values) == len(_TYPES) and values[0] == 3:
+    elif len(values) == len(_TYPES) and values[0] == 4:
         fields = [*values[1:], None]
-    elif len(values) == len(_TYPES) - 1 and values[0] == 2:
-        fields = [*values[1:], 1, None]
-    elif len(values) == len(_TYPES) - 2 and values[0] == 1:
-        fields = [*values[1:], None, 1, None]
+    elif len(values) == len(_TYPES) - 1 and values[0] == 3:
+        fields = [*values[1:], None, None]
+    elif len(values) == len(_TYPES) - 2 and values[0] == 2:
+        fields = [*values[1:], 1, None, None]
+    elif len(values) == len(_TYPES) - 3 and values[0] == 1:
+        fields = [*values[1:], None, 1, None, None]
     else:
         raise ValueError(f"not a usage record of version 1 to {VERSION}")
     if tuple(map(type, fields)) not in _SIGNATURES:
@@ -168,7 +175,7 @@ def fit_tag(data: bytes, limit: int) -> bytes:
     if len(data) <= limit:
         return data
     values = orjson.loads(data)
-    tag = values[-1]
+    tag = values[_TAG]
     if not isinstance(tag, str):
         return data
     excess = len(data) - limit
@@ -176,8 +183,11 @@ def fit_tag(data: bytes, limit: int) -> bytes:
     while cut and excess > 0:  # what each character takes in the JSON: UTF-8 bytes, or its escape
         cut -= 1
         excess -= len(orjson.dumps(tag[cut])) - 2
-    values[-1] = tag[:cut] or None
+    values[_TAG] = tag[:cut] or None
     return orjson.dumps(values)
+
+
+_TAG = 1 + UsageRecord._fields.index("tag")  # where the tag is in an encoded record (after the version)
 
 
 def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
@@ -203,6 +213,8 @@ def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
     }
     if record.tag is not None:
         line["tag"] = record.tag
+    if record.cut is not None:
+        line["cut"] = record.cut
     return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 

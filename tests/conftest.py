@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres"]
+pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.streaming_upstream"]

@@ -76,7 +76,8 @@ class BackendWatch:
             current += 1
         self.ceiling = current
 
-    def record(self, ok: bool, why: str | None = None) -> None:
+    def record(self, ok: bool, why: str | None = None, name: str = "?") -> None:
+        """Count one probe of the backend ``name`` (named in the log line when it is marked down)."""
         if ok:
             self.failures = 0
             self.healthy = True
@@ -86,7 +87,9 @@ class BackendWatch:
         self.error = why
         if self.failures >= FAILURES_TO_MARK_DOWN:
             if self.healthy:
-                log.warning("backend marked unhealthy after %d failed probes: %s", self.failures, why)
+                log.warning(
+                    "backend %s marked unhealthy after %d failed probes: %s", name, self.failures, why
+                )
             self.healthy = False
 
     def as_doc(self) -> dict[str, Any]:
@@ -186,7 +189,7 @@ class EngineScraper:
     async def _scrape(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch, now: float) -> bool:
         resp = await self._get(client, backend, "/metrics")
         if isinstance(resp, str):
-            w.record(False, resp)
+            w.record(False, resp, backend.name)
             w.waiting = w.running = None
             w.kv_cache = None
             return True  # the failure is this round's probe answer
@@ -196,13 +199,13 @@ class EngineScraper:
             w.detect_at = now + REDETECT
             return False
         w.kind, w.waiting, w.running, w.kv_cache = load.kind, load.waiting, load.running, load.kv_cache
-        w.record(True)
+        w.record(True, name=backend.name)
         return True
 
     async def _probe(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch) -> None:
         assert backend.health_path is not None
         resp = await self._get(client, backend, backend.health_path)
-        w.record(not isinstance(resp, str), resp if isinstance(resp, str) else None)
+        w.record(not isinstance(resp, str), resp if isinstance(resp, str) else None, backend.name)
 
 
 def host_load(shared: SharedRegions, backends: list[str]) -> StaticLoad:

@@ -11,9 +11,12 @@ one usage record to the control worker. I/O: none (shared memory only).
 The request path sets ``Exchange.tag`` to the deciding routing rule's tag; the record carries it, cut to
 what fits the ring's slot (``gateway.usage_record.fit_tag``).
 
-Tokens counted for a request: what the engine reported; for a successful answer without usage (a stream
-whose client opted out of usage, a cut stream) the estimate reserved before dispatch; for an error
-answer nothing.
+Tokens counted for a request: what the engine reported; for an answer that ended short (its client went
+away, or its backend broke off: ``ResponseTap.cut``) without the engine's report, an estimate of what was
+relayed before the end (the prompt estimate plus the relayed content, ``gateway.protocol.relayed``), which
+settles the token reservation like a reported count; for another successful answer without usage (a
+stream whose client opted out of usage) the estimate reserved before dispatch; for an error answer
+nothing. The record of a cut answer keeps the status the client was sent and says why in ``cut``.
 """
 
 from __future__ import annotations
@@ -102,14 +105,26 @@ class Accounting:
         if ex.settled is not None:
             return
         usage = tap.usage()
-        if usage is not None:
+        used: int | None  # what the token reservation settles to; None keeps the reservation
+        relayed = tap.relayed_usage(ex.prompt_estimate) if tap.cut is not None else None
+        if usage is not None and (relayed is None or usage.completion_tokens >= relayed[1]):
             prompt, completion = usage.prompt_tokens, usage.completion_tokens
             cached, total, source = usage.cached_tokens, usage.total_tokens, "reported"
+            used = total
+        elif relayed is not None:
+            # Cut short before the engine's final count: what was relayed, with the prompt the stream's
+            # start reported where it did (an Anthropic message_start: its output count is a placeholder).
+            prompt, completion = relayed
+            cached = 0
+            if usage is not None and usage.prompt_tokens:
+                prompt, cached = usage.prompt_tokens, usage.cached_tokens
+            total, source = prompt + completion, "estimated"
+            used = total
         elif 200 <= status < 300:
             prompt, completion, cached = ex.prompt_estimate, ex.estimate - ex.prompt_estimate, 0
-            total, source = ex.estimate, "estimated"
+            total, source, used = ex.estimate, "estimated", None
         else:
-            prompt = completion = cached = total = 0
+            prompt = completion = cached = total = used = 0
             source = "none"
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
@@ -120,7 +135,7 @@ class Accounting:
         # (the record then names no live counter, so the control worker folds it into the base).
         try:
             if ex.ticket is not None and self.limiter is not None:
-                self.limiter.finish(ex.ticket, None if source == "estimated" else total)
+                self.limiter.finish(ex.ticket, used)
             if budget is not None and self.budgets is not None:
                 budget_key = self.budgets.charge(budget, time.time(), total, cost)
         except NativeError as exc:
@@ -131,6 +146,11 @@ class Accounting:
         self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None, attempts: int = 1
     ) -> None:
         ended = time.perf_counter()
+        if backend is None:  # the client left while the answer was relayed: the tap knows whose it was
+            backend, attempts = tap.backend, max(attempts, tap.attempts)
+        if status == CLIENT_GONE and tap.started is not None:
+            status = tap.status  # the answer had started: the record keeps what the client was sent
+            tap.cut = tap.cut or "client"
         if ex.settled is None:
             self.settle(ex, tap, status)
         if self.usage is not None:
@@ -156,6 +176,7 @@ class Accounting:
                 ex.client_request_id,
                 attempts,
                 ex.tag,
+                tap.cut,
             )
             if ex.tag is not None and len(record) > self.max_record:
                 record = fit_tag(record, self.max_record)

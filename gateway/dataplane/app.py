@@ -108,7 +108,9 @@ class ProxyApp:
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
-        self.forwarder = Forwarder(make_client(), self.settings.backend_cool_down, self.load)
+        self.forwarder = Forwarder(
+            make_client(), self.settings.backend_cool_down, self.load, self.settings.stream_stall_timeout
+        )
         self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
         settings = self.settings
         self.bodies = BodyReader(
@@ -314,7 +316,7 @@ class ProxyApp:
             )
         forwarder = self.forwarder_or_fail()
         if accounting is None or exchange is None:
-            await self.run_guarded(proto, forwarder.forward(proto, out, targets))
+            await self.run_guarded(proto, forwarder.forward(proto, out, targets, scope))
             return
         exchange.tag = decision.tag
         if out.dialect == "anthropic" and exchange.request_id:
@@ -332,7 +334,7 @@ class ProxyApp:
         tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
         try:
-            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets))
+            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope))
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None

@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, StreamCut
 from gateway.native import Usage, model_span, parse_usage
 from gateway.protocol import anthropic_openai, openai_anthropic, openai_gemini, responses_openai
 from gateway.protocol.anthropic import MessagesHead, estimate_input_tokens, parse_messages_doc
 from gateway.protocol.anthropic_usage import AnthropicUsageMeter
 from gateway.protocol.openai_request import RequestInfo, splice_model
+from gateway.protocol.sse import encode_event
 from gateway.snapshot import Target
 
 __all__ = ["ANTHROPIC_VERSION", "Outgoing", "Translation", "Upstream"]
@@ -58,6 +59,11 @@ class Translation(Protocol):
 
     def finish(self) -> bytes: ...
 
+    def cut(self, last: bytes) -> bytes:
+        """What the client gets when the backend's stream broke off after ``last``: an error event in the
+        client's protocol, unless the answer had already ended."""
+        ...
+
     def error(self, status: int, body: bytes) -> bytes: ...
 
     def usage(self) -> Usage | None: ...
@@ -71,6 +77,9 @@ class Upstream:
     headers: list[tuple[str, str]]
     body: bytes
     translation: Translation | None  # None: a verbatim OpenAI answer (the tail buffer reads its usage)
+
+
+_CUT = StreamCut("the backend's stream broke off before the answer was complete")
 
 
 class _Metered:
@@ -94,6 +103,12 @@ class _Metered:
         self.meter.finish()
         return b""
 
+    def cut(self, last: bytes) -> bytes:
+        self.meter.finish()
+        if b"message_stop" in last:  # the answer was complete: only the framing's end was missing
+            return b""
+        return encode_event("error", _CUT.anthropic_body())
+
     def error(self, status: int, body: bytes) -> bytes:
         return body
 
@@ -109,6 +124,7 @@ class _Unbilled:
     body repeats the usage of the response it stores, which the tail parser would otherwise bill again)."""
 
     verbatim = True
+    unbilled = True  # not even for what was relayed of it when it is cut short (``ResponseTap``)
     _NONE = Usage(0, 0, 0, 0)
 
     def whole(self, body: bytes) -> bytes:
@@ -119,6 +135,9 @@ class _Unbilled:
 
     def finish(self) -> bytes:
         return b""
+
+    def cut(self, last: bytes) -> bytes:
+        return b""  # a stored resource, not a generation: a short body is all the client needs to see
 
     def error(self, status: int, body: bytes) -> bytes:
         return body
@@ -172,6 +191,9 @@ class _Translated:
 
     def finish(self) -> bytes:
         return self._stream.finish() if self._stream is not None else b""
+
+    def cut(self, last: bytes) -> bytes:
+        return self.finish()  # a translator ends a stream cut short with its own error event
 
     def error(self, status: int, body: bytes) -> bytes:
         return self._error(status, body)

@@ -5,27 +5,46 @@ next one is, in the order routing decided. A target whose flow-control gate is f
 when all are the request waits for a place (``backend_load``). Other statuses are the answer. Nothing is
 retried once the first byte has been handed to the client. When every target failed, the last HTTP answer
 any of them gave reaches the client verbatim; only if none answered at all does the gateway speak
-(502/504).
-I/O: the upstream request through the worker's ``UpstreamClient``, and writes to the client.
+(502/504). What the client caused (a request that cannot be written, a 4xx) is never held against a
+backend's health.
+
+A chunked stream the backend breaks off ends with an error event in the client's protocol; the tap notes
+who cut an answer short (``cut``) so that it is billed for what was relayed. Streams are relayed no faster
+than the client's connection drains beyond a window (``drain``), and so are answers with a large length,
+which are therefore never held whole.
+I/O: the upstream request through the worker's ``UpstreamClient``, writes to the client, and (for streams
+past one window) netlink requests about the client's connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from granian._granian import RSGIProtocolClosed as ProtocolClosed
+
 from gateway.dataplane.backend_load import BackendLoad, Place
 from gateway.dataplane.dialects import Outgoing, Translation
-from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamResponse
+from gateway.dataplane.drain import WINDOW, ClientStalled, Drain
+from gateway.dataplane.http_client import (
+    RequestNotSendable,
+    UpstreamClient,
+    UpstreamError,
+    UpstreamResponse,
+)
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import without_hop_by_hop
-from gateway.errors import BadRequest, GatewayError, UpstreamUnavailable
+from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
+from gateway.protocol.sse import encode_event
 from gateway.snapshot import Target
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
+
+log = logging.getLogger("gateway.dataplane")
 
 
 class UpstreamTimeout(GatewayError):
@@ -95,18 +114,39 @@ FAILURES_TO_COOL_DOWN = 3
 
 class Forwarder:
     def __init__(
-        self, client: UpstreamClient, cool_down: float = 5.0, load: BackendLoad | None = None
+        self,
+        client: UpstreamClient,
+        cool_down: float = 5.0,
+        load: BackendLoad | None = None,
+        stall_timeout: float = 60.0,
     ) -> None:
         self.client = client
         self.cool_down = cool_down  # 0 turns passive health off
+        self.stall_timeout = stall_timeout  # seconds a stream waits for a client that takes nothing
         self.load = load if load is not None else BackendLoad(None, None)
         self.health: dict[str, BackendHealth] = {}
 
-    async def forward(self, proto: Any, out: Outgoing, targets: tuple[Target, ...]) -> Attempted:
+    def cool(self, name: str, health: BackendHealth) -> None:
+        """Take the backend ``name`` out for ``cool_down`` seconds: it just failed too often in a row."""
+        if self.cool_down > 0:
+            log.warning(
+                "backend %s marked unhealthy for %.1fs after %d failures in a row: %s",
+                name,
+                self.cool_down,
+                health.consecutive,
+                health.last_error,
+            )
+        self.load.cool(name, self.cool_down)
+
+    async def forward(
+        self, proto: Any, out: Outgoing, targets: tuple[Target, ...], peer: Peer | None = None
+    ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
-        is full is passed over; if every remaining one is, the request waits for a place (bounded)."""
+        is full is passed over; if every remaining one is, the request waits for a place (bounded).
+        ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
+        a streamed answer wait for its client; it is read only by a stream that relayed a window."""
         load = self.load
-        attempt = _Attempt(self, proto, out, len(targets))
+        attempt = _Attempt(self, proto, out, len(targets), peer)
         full: list[Target] = []
         for target in targets:
             place = load.enter(target.backend)
@@ -122,21 +162,29 @@ class Forwarder:
                 return attempt.result()
         return attempt.give_up(proto)
 
-    async def _relay(self, proto: Any, resp: UpstreamResponse, translation: Translation | None) -> None:
-        """Hand the answer over untouched: whole when it has a length and is not an event stream, chunk by
-        chunk otherwise. A streamed answer whose length the engine declared keeps that length, so a cut
-        in the middle shows the client a short body instead of a cleanly ended one. A translated answer
-        goes through its translation, event by event when streamed."""
+    async def _relay(
+        self, proto: Any, resp: UpstreamResponse, translation: Translation | None, peer: Peer | None
+    ) -> None:
+        """Hand the answer over untouched: whole when it has a small length and is not an event stream,
+        chunk by chunk otherwise (a large whole answer too: held once, as it passes, never joined and then
+        copied into granian). A streamed answer whose length the engine declared keeps that length, so a
+        cut in the middle shows the client a short body instead of a cleanly ended one; a chunked one gets
+        an error event in its protocol before its end. A translated answer goes through its translation,
+        event by event when streamed."""
         tap = proto if isinstance(proto, ResponseTap) else None
         if translation is not None and tap is not None:
             tap.meter = translation
         headers = _response_headers(resp)
         length = resp.content_length
-        streamed = length is None or resp.content_type == "text/event-stream"
+        streamed = (
+            length is None
+            or resp.content_type == "text/event-stream"
+            or (length > WHOLE_LIMIT and translation is None)
+        )
         try:
             if not streamed:
                 try:
-                    data = await resp.read()
+                    data = await resp.read(TRANSLATE_LIMIT if translation is not None else 0)
                 except UpstreamError as exc:
                     raise UpstreamUnavailable(f"backend failed while sending its answer: {exc!r}") from None
                 if translation is not None:
@@ -151,7 +199,9 @@ class Forwarder:
                     headers, length = [_SSE_TYPE, ("cache-control", "no-cache")], None
                 elif length is not None:
                     headers.append(("content-length", str(length)))
-                await _relay_translated(proto.response_stream(resp.status, headers), resp, translation, tap)
+                transport = proto.response_stream(resp.status, headers)
+                pace = _Pace(peer, self.stall_timeout)
+                await _relay_translated(transport, resp, translation, tap, pace, length is None)
                 return
             if length is not None:
                 headers.append(("content-length", str(length)))
@@ -159,20 +209,45 @@ class Forwarder:
             # A tapped stream's end is announced before the client can see it: with its last piece when the
             # engine's framing says which that is, else once the body ended, before the transport goes.
             last = getattr(transport, "send_last", None)
+            pace = _Pace(peer, self.stall_timeout)
+            chunk = b""
             try:
                 async for chunk in resp:
                     if last is not None and resp.ended:
                         await last(chunk)
                     else:
                         await transport.send_bytes(chunk)
+                    # Backpressure (``drain``): one addition and one comparison per chunk until a window
+                    # has gone out; then a look at the client's socket once per quarter window.
+                    pace.sent += len(chunk)
+                    if pace.sent >= pace.check:
+                        await pace.wait()
                 if tap is not None:
                     tap.end()
             except UpstreamError as exc:
+                # The engine's stream broke off: a chunked answer tells the client in OpenAI's terms (a
+                # stream ended by [DONE] already told it everything), a sized one is left short.
+                if tap is not None:
+                    tap.cut = "upstream"
+                if length is None and not chunk.rstrip().endswith(b"[DONE]"):
+                    await _send_quietly(transport, encode_event(None, _cut_error().openai_body()))
                 # granian ends the client's response only when the transport object is freed, and the
                 # exception pins this frame through its traceback: let go of both.
                 del transport
                 exc.__traceback__ = None
                 raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None
+        except ProtocolClosed:
+            # The client went away (granian's transport is closed): what was relayed is billed (the tap
+            # knows), the engine's connection is dropped below so that it stops generating.
+            if tap is not None:
+                tap.cut = "client"
+            resp.close()
+        except ClientStalled as exc:
+            if tap is not None:
+                tap.cut = "client"
+            resp.close()
+            exc.__traceback__ = None  # as above: nothing may pin the transport past the return
+            raise RelayAborted(f"stream cut: {exc}") from None
         except BaseException:
             resp.close()  # drop the connection: the engine sees the client leave and stops generating
             raise
@@ -183,10 +258,61 @@ class Forwarder:
 _JSON_TYPE = ("content-type", "application/json")
 _SSE_TYPE = ("content-type", "text/event-stream")
 PING_EVERY = 10.0  # seconds of upstream silence after which an Anthropic client is sent a ping event
+# Answers with a length above this are relayed as they arrive rather than read whole: one copy of them is
+# held (granian's), a window at a time, instead of the pieces, their join and granian's copy of that.
+WHOLE_LIMIT = 256 * 1024
+# A failed target's answer is kept (for the client, should every target fail) only up to this size: an error
+# body is small, and a backend that sends a huge one must not make the worker hold it.
+KEPT_LIMIT = 1 << 20
+# A whole answer that must be translated is read whole; one larger than this is refused (502), not held.
+TRANSLATE_LIMIT = 64 << 20
+# The RSGI scope of the request: its ``client`` and ``server`` ("host:port") name the client's connection.
+# Handed over as it is, and read only by a stream past one window: the two strings granian makes when read
+# are not made for every request.
+Peer = Any
+
+
+def _cut_error() -> StreamCut:
+    return StreamCut("the backend's stream broke off before the answer was complete")
+
+
+async def _send_quietly(transport: Any, data: bytes) -> None:
+    try:
+        await transport.send_bytes(data)
+    except ProtocolClosed:
+        pass  # the client left as well
+
+
+class _Pace:
+    """The backpressure of one stream: bytes relayed, the next count at which to look at the client's
+    socket, and the drain (made then: streams shorter than a window never pay for it)."""
+
+    __slots__ = ("check", "drain", "peer", "sent", "stall_timeout")
+
+    def __init__(self, peer: Peer | None, stall_timeout: float) -> None:
+        self.peer = peer
+        self.stall_timeout = stall_timeout
+        self.sent = 0
+        self.check = WINDOW if peer is not None else 1 << 62
+        self.drain: Drain | None = None
+
+    async def wait(self) -> None:
+        drain = self.drain
+        if drain is None:
+            peer = self.peer
+            assert peer is not None  # no peer, no check: ``check`` is out of reach
+            drain = self.drain = Drain(peer.client, peer.server, self.stall_timeout)
+        await drain.wait(self.sent)
+        self.check = self.sent + WINDOW // 4
 
 
 async def _relay_translated(
-    transport: Any, resp: UpstreamResponse, translation: Translation, tap: ResponseTap | None
+    transport: Any,
+    resp: UpstreamResponse,
+    translation: Translation,
+    tap: ResponseTap | None,
+    pace: _Pace,
+    chunked: bool,
 ) -> None:
     """A stream through its translation. A cut upstream ends it with the translation's error event (never
     a made-up end of message); quiet stretches get the client protocol's keepalive where it has one. The
@@ -194,6 +320,7 @@ async def _relay_translated(
     ping = translation.ping()
     quiet: _Keepalive | None = None
     finished = False
+    chunk = b""
     try:
         async for chunk in resp:
             data = translation.feed(chunk)
@@ -204,6 +331,9 @@ async def _relay_translated(
                     tap.end()
             if data:
                 await transport.send_bytes(data)
+                pace.sent += len(data)
+                if pace.sent >= pace.check:
+                    await pace.wait()
                 if quiet is not None:
                     quiet.last = time.monotonic()
                 elif ping is not None and not finished:
@@ -218,9 +348,11 @@ async def _relay_translated(
             if tail:
                 await transport.send_bytes(tail)
     except UpstreamError as exc:
-        tail = translation.finish()
+        if tap is not None:
+            tap.cut = "upstream"
+        tail = translation.cut(chunk) if chunked else b""
         if tail:
-            await transport.send_bytes(tail)
+            await _send_quietly(transport, tail)
         del transport
         exc.__traceback__ = None
         raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None
@@ -250,7 +382,10 @@ class _Keepalive:
 
     async def _send(self) -> None:
         self.last = time.monotonic()
-        await self.transport.send_bytes(self.ping)
+        try:
+            await self.transport.send_bytes(self.ping)
+        except ProtocolClosed:
+            return  # the client left: the relay finds out with its next send
         self.timer = self.loop.call_later(PING_EVERY, self._due)
 
     def stop(self) -> None:
@@ -264,10 +399,23 @@ class _Attempt:
     """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
     target fails, the last error, and how many targets were tried."""
 
-    __slots__ = ("error", "fwd", "kept", "last", "out", "proto", "refusal", "status", "target", "tries")
+    __slots__ = (
+        "error",
+        "fwd",
+        "kept",
+        "last",
+        "out",
+        "peer",
+        "proto",
+        "refusal",
+        "status",
+        "target",
+        "tries",
+    )
 
-    def __init__(self, fwd: Forwarder, proto: Any, out: Outgoing, count: int) -> None:
+    def __init__(self, fwd: Forwarder, proto: Any, out: Outgoing, count: int, peer: Peer | None) -> None:
         self.fwd = fwd
+        self.peer = peer
         self.proto = proto
         self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
@@ -312,20 +460,25 @@ class _Attempt:
                     first_byte_timeout=backend.first_byte_timeout,
                     read_timeout=backend.read_timeout,
                 )
+            except RequestNotSendable as exc:
+                # The client's request is at fault, not the backend: a 400, and no mark against its health
+                # (eight such requests must not take a backend away from everyone else).
+                raise BadRequest(str(exc)) from None
             except UpstreamError as exc:
                 if health.fail(f"{type(exc).__name__}: {exc}"):
-                    fwd.load.cool(backend.name, fwd.cool_down)
+                    fwd.cool(backend.name, health)
                 self.error = exc
                 return False
             status = self.status = resp.status
             if status == 429 or status >= 500:
                 if health.fail(f"HTTP {status}") and status != 429:
-                    fwd.load.cool(backend.name, fwd.cool_down)
+                    fwd.cool(backend.name, health)
                 if status == 429:
                     health.consecutive -= 1  # load shedding says nothing about the backend's health
                 if self.tries < self.last:
                     try:
-                        self.kept = (status, _response_headers(resp), await resp.read(), up.translation)
+                        body = await resp.read(KEPT_LIMIT)
+                        self.kept = (status, _response_headers(resp), body, up.translation)
                     except UpstreamError:
                         pass
                     finally:
@@ -334,7 +487,10 @@ class _Attempt:
             else:
                 health.answered += 1
                 health.consecutive = 0
-            await fwd._relay(self.proto, resp, up.translation)
+            proto = self.proto
+            if isinstance(proto, ResponseTap):  # the record names the backend even if the client leaves
+                proto.backend, proto.attempts = backend.name, self.tries
+            await fwd._relay(proto, resp, up.translation, self.peer)
             return True
         finally:
             health.in_flight -= 1

@@ -34,7 +34,7 @@ from gateway.errors import BadRequest
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
 from gateway.protocol.paths import target_is_safe
 
-__all__ = ["UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
+__all__ = ["RequestNotSendable", "UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
 
 # Unread body bytes above which reading from the socket pauses (the gateway's client may be slow), and
 # the level at which it resumes.
@@ -54,6 +54,11 @@ _HEAD, _DATA, _ALL = 0, 1, 2
 class UpstreamError(Exception):
     """The backend could not be reached or did not answer properly: connect refused, TLS, reset,
     malformed response, timeout."""
+
+
+class RequestNotSendable(UpstreamError):
+    """The request itself cannot be written as HTTP/1.1 (a CR, LF or space in its target or a header, a
+    header that is not UTF-8): nothing was sent, and no backend is to blame."""
 
 
 class UpstreamTimeout(UpstreamError):
@@ -88,12 +93,18 @@ class UpstreamResponse:
         self.content_length = head.content_length
         self.content_type = head.content_type
 
-    async def read(self) -> bytes:
-        """The whole body. Each wait for more of it is bounded by the request's ``read_timeout``."""
+    async def read(self, limit: int = 0) -> bytes:
+        """The whole body. Each wait for more of it is bounded by the request's ``read_timeout``; with a
+        ``limit``, a body longer than that fails (``UpstreamError``) as soon as it shows, rather than being
+        held whole."""
         conn = self._conn
         if conn is None:
             raise UpstreamError("response already released")
+        if limit and ((self.content_length or 0) > limit or conn.buffered > limit):
+            conn.abort()
+            raise UpstreamError(f"answer of {self.content_length} bytes is over the {limit}-byte limit")
         if not conn.complete:
+            conn.limit = limit
             if conn.error is None:
                 if conn.paused:
                     conn.paused = False
@@ -178,6 +189,7 @@ class _Conn(asyncio.Protocol):
         "got_bytes",
         "idle",
         "idle_since",
+        "limit",
         "loop",
         "mode",
         "parser",
@@ -214,6 +226,7 @@ class _Conn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.mode = _HEAD
         self.read_timeout = 0.0
+        self.limit = 0  # bytes a whole-body read may hold (0: no limit)
         self.sent_at = 0.0
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -230,6 +243,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.error = None
         self.read_timeout = read_timeout
+        self.limit = 0
         now = self.loop.time()
         self.sent_at = now
         self.mode = _HEAD
@@ -338,6 +352,8 @@ class _Conn(asyncio.Protocol):
                 self._wake()
             elif mode == _ALL:
                 self.deadline = self.loop.time() + self.read_timeout
+                if self.limit and self.buffered > self.limit:
+                    self._fail(UpstreamError, f"answer from {self.pool.label} is over {self.limit} bytes")
         elif self.buffered > HIGH_WATER and not self.paused and not self.complete:
             # Nobody is waiting: the reader is busy sending what it has to a slow client.
             self.paused = True
@@ -441,7 +457,7 @@ class UpstreamClient:
         try:
             head = serialize_head(method, prefix + target, pool.host_header, headers, len(body))
         except HTTP1Error as exc:
-            raise UpstreamError(f"cannot send this request to {pool.label}: {exc}") from None
+            raise RequestNotSendable(f"cannot send this request: {exc}") from None
         head_request = method == "HEAD"
         conn = self._take_idle(pool)
         if conn is not None:

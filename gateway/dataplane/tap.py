@@ -6,6 +6,10 @@ The bytes themselves are handed to granian untouched. When the forwarder transla
 an Anthropic one), it sets ``meter``, and usage is the translation's rather than the tail's. The tap keeps
 the tail buffer, never the stream transport: granian ends a response when its transport object is freed,
 and the forwarder relies on that.
+
+A streamed answer also counts the bytes relayed (one addition per chunk) and notes which backend sent it,
+and, when it ended short, why (``cut``): then ``relayed_usage`` estimates what was relayed from that count
+and the tail, once, so that an abandoned or broken stream is still billed.
 I/O: none of its own.
 """
 
@@ -17,6 +21,7 @@ from typing import Any
 
 from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import TailBuffer, Usage, parse_usage
+from gateway.protocol.relayed import estimate_relayed_tokens
 
 __all__ = ["ResponseTap"]
 
@@ -26,9 +31,13 @@ TAIL_BYTES = 4096
 class ResponseTap:
     __slots__ = (
         "_proto",
+        "attempts",
+        "backend",
+        "cut",
         "extra_headers",
         "meter",
         "on_end",
+        "relayed",
         "started",
         "status",
         "tail",
@@ -59,6 +68,10 @@ class ResponseTap:
         # The gateway asked for this stream's usage, the client did not: what the engine added for it is
         # taken out of what the client gets (``usage_withhold``), after the tail has seen it.
         self.withhold_usage = False
+        self.backend: str | None = None  # the backend whose answer this is (set by the forwarder)
+        self.attempts = 0
+        self.relayed = 0  # bytes of a streamed answer handed to the client
+        self.cut: str | None = None  # "client" | "upstream" when a started answer ended short
 
     def __call__(self) -> Any:
         return self._proto()
@@ -86,10 +99,10 @@ class ResponseTap:
         self.started = time.perf_counter()
         self.status = status
         transport = self._proto.response_stream(status, headers + self.extra_headers)
-        if self.meter is not None:
-            return transport
+        # Translated streams are tapped too: their usage is the meter's, but a cut one is estimated from
+        # the tail like any other.
         self.tail = TailBuffer(TAIL_BYTES)
-        if self.withhold_usage:
+        if self.withhold_usage and self.meter is None:
             transport = WithheldUsage(transport)
         return _TapTransport(transport, self.tail, self)
 
@@ -107,6 +120,14 @@ class ResponseTap:
             return self.tail.usage()
         return None
 
+    def relayed_usage(self, prompt_estimate: int) -> tuple[int, int] | None:
+        """(prompt, completion) tokens of a streamed answer that ended short without its usage report,
+        estimated from what was relayed; None when nothing was."""
+        tail = self.tail
+        if tail is None or not self.relayed or getattr(self.meter, "unbilled", False):
+            return None
+        return prompt_estimate, estimate_relayed_tokens(tail.getvalue(), self.relayed)
+
 
 class _TapTransport:
     __slots__ = ("_tail", "_tap", "_transport")
@@ -118,10 +139,12 @@ class _TapTransport:
 
     async def send_bytes(self, data: bytes) -> None:
         self._tail.append(data)
+        self._tap.relayed += len(data)
         await self._transport.send_bytes(data)
 
     async def send_last(self, data: bytes) -> None:
         """The stream's last bytes: kept, then the answer's end is announced, then they go out."""
         self._tail.append(data)
+        self._tap.relayed += len(data)
         self._tap.end()
         await self._transport.send_bytes(data)

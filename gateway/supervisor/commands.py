@@ -98,6 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds a backend that failed 3 times in a row is skipped (5; 0 turns passive health off)",
     )
     p.add_argument(
+        "--stream-stall-timeout",
+        type=float,
+        help="seconds a streamed answer waits for a client that reads nothing before it is cut (60)",
+    )
+    p.add_argument(
         "--event-loop",
         choices=("uvloop", "asyncio"),
         help="proxy workers' event loop (uvloop; env GATEWAY_EVENT_LOOP)",

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from gateway.dataplane import http_client
-from gateway.dataplane.http_client import UpstreamClient, UpstreamError, UpstreamTimeout
+from gateway.dataplane.http_client import RequestNotSendable, UpstreamClient, UpstreamError, UpstreamTimeout
 from tests.fixtures.processes import MockEngine, free_port
 
 CHAT = "/v1/chat/completions"
@@ -374,6 +374,21 @@ def test_cancelled_before_headers_never_pools_the_connection(run: Any, mock: Moc
             assert client.connections_opened == 2
         finally:
             await client.close()
+
+    run(go())
+
+
+def test_a_request_that_cannot_be_written_is_the_requests_fault(run: Any, mock: MockEngine) -> None:
+    """A space or CR LF in the target or a header: nothing is sent, and the error says it is the request
+    (the forwarder then answers 400 and holds nothing against the backend)."""
+
+    async def go() -> None:
+        client = UpstreamClient()
+        for target, headers in (("/?q=a b", []), ("/", [("x-a", "1\r\nx-b: 2")])):
+            with pytest.raises(RequestNotSendable, match="cannot send this request"):
+                await client.request(mock.url, "POST", target, headers, b"{}", **TIMEOUTS)
+        assert client.connections_opened == 0
+        await client.close()
 
     run(go())
 
@@ -820,6 +835,44 @@ def test_tls_untrusted_certificate_is_an_upstream_error(run: Any, certificate: t
             client = UpstreamClient()  # the system roots: our throwaway certificate is not among them
             with pytest.raises(UpstreamError, match="cannot connect"):
                 await fetch(client, server.url)
+            await client.close()
+
+    run(go())
+
+
+def test_a_bounded_read_refuses_a_body_over_its_limit(run: Any) -> None:
+    """A whole-body read with a limit fails as soon as the body shows it is over it (declared or chunked),
+    without holding it; within the limit it is the body."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while await server.read_request(reader) is not None:
+            count = len(server.requests)  # the answers are told apart by request, whatever the connection
+            if count == 1:
+                writer.write(ok(b"e" * 1000))
+            elif count == 2:
+                writer.write(b"HTTP/1.1 500 Oops\r\nContent-Length: 50000000\r\n\r\n" + b"x" * 65536)
+            else:
+                writer.write(b"HTTP/1.1 500 Oops\r\nTransfer-Encoding: chunked\r\n\r\n")
+                for _ in range(64):  # 4 MiB, never ended
+                    writer.write(b"10000\r\n" + b"y" * 65536 + b"\r\n")
+                    await writer.drain()
+            await writer.drain()
+
+    server = TinyServer(handler)
+
+    async def go() -> None:
+        async with server:
+            client = UpstreamClient()
+            for expect in (b"e" * 1000, "over the 4096-byte limit", f"over {1 << 20} bytes"):
+                resp = await client.request(server.url, "GET", "/", [], b"", **TIMEOUTS)
+                try:
+                    if isinstance(expect, bytes):
+                        assert await resp.read(4096) == expect
+                    else:
+                        with pytest.raises(UpstreamError, match=expect):
+                            await resp.read(4096 if expect.startswith("over the") else 1 << 20)
+                finally:
+                    resp.release()
             await client.close()
 
     run(go())

@@ -96,25 +96,30 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
-    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team")
-    assert orjson.loads(encode_record(r))[0] == 4
+    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team", cut="client")
+    assert orjson.loads(encode_record(r))[0] == 5
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
     assert decode_record(encode_record(r._replace(tag=None))).tag is None
+    assert decode_record(encode_record(r._replace(cut=None))).cut is None
     row = r.row()
-    assert row[-4] == -5 and to_unsigned64(row[-4]) == 2**64 - 5 and row[-3:] == ("trace-7", 2, "red-team")
+    assert row[-5] == -5 and to_unsigned64(row[-5]) == 2**64 - 5
+    assert row[-4:] == ("trace-7", 2, "red-team", "client")
 
 
 def test_older_records_still_decode() -> None:
-    r = rec(1, client_request_id="c", attempts=3, tag="t")
+    r = rec(1, client_request_id="c", attempts=3, tag="t", cut="upstream")
     v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
-    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None)
-    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None)
-    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None)
+    assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None, cut=None)
+    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None, cut=None)
+    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None, cut=None)
+    assert decode_record(orjson.dumps([4, *r[:19]])) == r._replace(cut=None)
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([3, *r]))  # a version 3 record has no tag
+        decode_record(orjson.dumps([3, *r[:19]]))  # a version 3 record has no tag
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([4, *r[:18]]))  # and a version 4 record has one, if only null
+        decode_record(orjson.dumps([4, *r]))  # a version 4 record has no cut
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([5, *r[:19]]))  # and a version 5 record has one, if only null
 
 
 def longest(tag: str | None) -> UsageRecord:
@@ -188,6 +193,66 @@ def test_finish_records_the_exchange_tag(tag: str | None) -> None:
         assert got.tag and tag.startswith(got.tag) and len(got.tag) < len(tag)
 
 
+class _Stream:
+    """What granian's RSGI protocol gives a stream, minus the network."""
+
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> _Stream:
+        return self
+
+    async def send_bytes(self, data: bytes) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("cut", "usage_chunk", "expected"),
+    [
+        ("client", False, ("estimated", 200, 40, "client")),  # 40 chunks of " tok" relayed, then gone
+        ("upstream", False, ("estimated", 200, 40, "upstream")),
+        ("client", True, ("reported", 200, 300, "client")),  # the engine's own count had arrived
+    ],
+)
+def test_an_answer_cut_short_is_billed_for_what_was_relayed(
+    cut: str, usage_chunk: bool, expected: tuple[str, int, int, str]
+) -> None:
+    import asyncio
+
+    ring = UsageRing.create_layout(bytearray(ring_region_size(1, 4, RING_SLOT_BYTES)), 1, 4, RING_SLOT_BYTES)
+    accounting = Accounting(None, None, UsageLog(ring, 0))
+    principal = Principal("p1", "alice", True, frozenset())
+    ex = accounting.admit(
+        KeyEntry("k1", principal, None), "chat", Route("chat", "chat", "frontend", ()), 40, 300, 512
+    )
+    assert ex is not None
+    tap = ResponseTap(_Stream(), [])
+    transport = tap.response_stream(200, [])
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
+    usage = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":290,"total_tokens":300}}\n\n'
+    )
+
+    async def relay() -> None:
+        for _ in range(40):
+            await transport.send_bytes(chunk)
+        if usage_chunk:
+            await transport.send_bytes(usage)
+
+    asyncio.run(relay())
+    tap.backend, tap.attempts = "a", 1
+    if cut == "upstream":
+        tap.cut = cut
+        accounting.finish(ex, tap, 200, None, 0)
+    else:  # the client left: the request path knows only that (499), the tap the rest
+        accounting.finish(ex, tap, 499, None, 0)
+    (data,) = ring.read(0)
+    got = decode_record(data)
+    source, status, completion_or_total, why = expected
+    assert (got.usage_source, got.status, got.cut, got.backend, got.attempts) == (source, status, why, "a", 1)
+    if source == "estimated":
+        assert got.completion_tokens == completion_or_total and got.prompt_tokens == ex.prompt_estimate
+    else:
+        assert got.total_tokens == completion_or_total
+
+
 @pytest.mark.parametrize(
     "data",
     [
@@ -220,6 +285,7 @@ def test_a_batch_decodes_as_its_records() -> None:
             attempts=i % 3,
             tag="t" if i % 2 else None,
             ttfb_ms=None if i % 3 else 1.0,
+            cut=("client", "upstream", None)[i % 3],
         )
         for i in range(5)
     ]
@@ -229,7 +295,7 @@ def test_a_batch_decodes_as_its_records() -> None:
     assert records_from_values([]) == []
     older = orjson.loads(orjson.dumps([3, *records[0][:18]]))
     assert records_from_values([*batch, older]) is None  # an older version: one by one
-    for version in (3, 5):  # a version 3 record has no tag; there is no version 5
+    for version in (4, 6):  # a version 4 record has no cut; there is no version 6
         assert records_from_values([*batch, [version, *batch[0][1:]]]) is None
 
 

@@ -20,11 +20,12 @@ __all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
-    "client_request_id, attempts, tag"
+    "client_request_id, attempts, tag, cut"
 )
-_ROW = f"({', '.join(['?'] * 19)})"
+_WIDTH = 20  # columns, as many as a record has fields
+_ROW = f"({', '.join(['?'] * _WIDTH)})"
 # Rows per INSERT: one statement of many rows binds and steps once per statement rather than once per row
-# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 304 parameters, under every driver's limit.
+# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 320 parameters, under every driver's limit.
 _ROWS_PER_INSERT = 16
 
 
@@ -88,7 +89,7 @@ class UsageStore:
                     for r in records
                 )
             )
-        width = 19 * _ROWS_PER_INSERT
+        width = _WIDTH * _ROWS_PER_INSERT
         whole = len(values) - len(values) % width
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
@@ -101,7 +102,7 @@ class UsageStore:
             if whole:
                 tx.executemany(_INSERT_MANY, [values[i : i + width] for i in range(0, whole, width)])
             if whole < len(values):
-                tx.execute(_insert((len(values) - whole) // 19), values[whole:])
+                tx.execute(_insert((len(values) - whole) // _WIDTH), values[whole:])
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
@@ -208,6 +209,6 @@ class UsageStore:
         with self._driver.transaction(write=False) as tx:
             rows = tx.query(sql + " ORDER BY ts DESC, request_id LIMIT ?", [*params, limit])
         return [
-            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18]])
+            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18], r[19]])
             for r in rows
         ]
