@@ -148,7 +148,8 @@ def test_a_failing_backend_cools_down(tmp_path: Path, mock_engine: MockEngine) -
     hold = refusing_socket()
     dead = f"http://127.0.0.1:{hold.getsockname()[1]}"
     config = basic_config({"dead": dead, "live": mock_engine.url}, chain=["pm-dead", "pm-live"])
-    gw = Gateway(tmp_path, config, workers=1)
+    # Passive health alone: an engine probe could mark the dead backend down before any request tried it.
+    gw = Gateway(tmp_path, config, workers=1, extra=("--engine-scrape-interval", "0"))
     try:
         key = gw.create_key("root")
         body = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 2}
