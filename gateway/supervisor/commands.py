@@ -90,6 +90,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--workers", type=positive_int, help="proxy workers, at least 1 (default: one per core)")
     p.add_argument("--grace-period", type=float, help="seconds to let requests finish on SIGTERM (30)")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        help="seconds a proxy worker's event loop may go without its heartbeat (stamped twice a second) "
+        "before the supervisor kills and replaces it (5; 0: never; env GATEWAY_HEARTBEAT_TIMEOUT)",
+    )
     p.add_argument("--max-body-bytes", type=int, help="largest accepted request body (32 MiB)")
     add_edge_options(p)
     p.add_argument(
@@ -331,6 +337,8 @@ def _serve(settings: Settings) -> int:
         ready=every_worker_serves,
         watchdog_s=notifier.watchdog_s,
         came_up=came_up,
+        heartbeat=stats_view.last_beat,
+        heartbeat_timeout=settings.heartbeat_timeout,
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {
@@ -398,6 +406,7 @@ def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) ->
                 "proxy",
                 # i is bound now: each worker owns usage ring i, and a respawned one continues it.
                 lambda i=i: run_proxy_worker(settings, shared, i, hash_key),  # type: ignore[misc]
+                heartbeat_slot=i,  # and statistics slot i, where it stamps its heartbeat
             )
         )
     return specs

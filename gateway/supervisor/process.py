@@ -34,6 +34,9 @@ STABLE_AFTER = 30.0  # a worker that lived this long restarts without backoff
 # A worker that lived this long had started, whatever ``came_up`` says; one that did not and failed twice
 # in a row for the same reason will not get further by trying again.
 START_WINDOW = 10.0
+# A worker stamps its first heartbeat once its server runs; until then (imports, the first snapshot) it
+# is judged by this allowance, or the heartbeat timeout if that is longer.
+FIRST_BEAT_WITHIN = 30.0
 
 
 @dataclass(slots=True)
@@ -50,6 +53,8 @@ class WorkerSpec:
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
     start_failure: str | None = None  # why its last start failed, while it has not come up since
+    heartbeat_slot: int | None = None  # where the worker stamps its heartbeat; None: it has none
+    killed_hung: bool = False  # SIGKILLed for a missed heartbeat, not reaped yet
 
 
 def _exit_code(status: int) -> int:
@@ -68,6 +73,8 @@ class Supervisor:
         ready: Callable[[], bool] | None = None,
         watchdog_s: float | None = None,
         came_up: Callable[[WorkerSpec, int], bool] | None = None,
+        heartbeat: Callable[[int, int], float | None] | None = None,
+        heartbeat_timeout: float = 0.0,
     ) -> None:
         self.specs = specs
         self.grace_period = grace_period
@@ -76,6 +83,9 @@ class Supervisor:
         self.notify = notify or (lambda _msg: None)
         self.ready = ready  # says when every worker serves; READY=1 goes out once it does
         self.watchdog_s = watchdog_s
+        # (slot, pid) -> the monotonic time that process last stamped the slot, None if never
+        self.heartbeat = heartbeat
+        self.heartbeat_timeout = heartbeat_timeout
         self.started_at = time.time()
         self.extra_state: dict[str, object] = {}
         self._stopping = False
@@ -86,6 +96,7 @@ class Supervisor:
         # A worker never waits on a full pipe (64 KiB of unread reasons); it skips the report instead.
         os.set_blocking(self._failures_w, False)
         self._failure_text = b""
+        self._state_failing = False
 
     # -- children -------------------------------------------------------------------------------
     def _spawn(self, spec: WorkerSpec) -> None:
@@ -112,6 +123,7 @@ class Supervisor:
         spec.pid = pid
         spec.started_at = time.monotonic()
         spec.restart_at = None
+        spec.killed_hung = False
         log.info("started %s worker %s pid=%d", spec.kind, spec.name, pid)
 
     def _report_failure(self, exc: BaseException) -> None:
@@ -279,9 +291,42 @@ class Supervisor:
                 self.drain()
                 return 1
             self._restart_due()
+            self._replace_hung()
             if time.monotonic() - last_state > 2.0:
                 self.write_state()
                 last_state = time.monotonic()
+
+    def _replace_hung(self) -> None:
+        """SIGKILL every worker whose heartbeat is older than the timeout; reaping then respawns it like
+        any dead worker. A stopped or wedged worker still holds its listener, and the kernel keeps handing
+        it its share of new connections, which would time out: replacing it is what serves them."""
+        if self.heartbeat is None or self.heartbeat_timeout <= 0:
+            return
+        now = time.monotonic()
+        for spec in self.specs:
+            if not spec.pid or spec.heartbeat_slot is None or spec.killed_hung:
+                continue
+            beat = self.heartbeat(spec.heartbeat_slot, spec.pid)
+            if beat is None:  # not serving yet: the first beat has its own allowance
+                silent = now - spec.started_at
+                allowed = max(FIRST_BEAT_WITHIN, self.heartbeat_timeout)
+            else:
+                silent, allowed = now - beat, self.heartbeat_timeout
+            if silent <= allowed:
+                continue
+            log.error(
+                "%s worker %s pid=%d missed its heartbeat for %.1fs (timeout %.1fs): killing it",
+                spec.kind,
+                spec.name,
+                spec.pid,
+                silent,
+                allowed,
+            )
+            try:
+                os.kill(spec.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            spec.killed_hung = True
 
     def signal_kind(self, kind: str, sig: int) -> None:
         for spec in self.specs:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import httpx
 import pytest
 
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
-from tests.integration.test_usage import chat, records
+from tests.integration.test_usage import chat, ready_key, records
 
 pytestmark = pytest.mark.slow
 
@@ -100,5 +102,51 @@ def test_a_huge_unauthenticated_body_is_refused_as_it_arrives(
         r = httpx.post(f"http://127.0.0.1:{port}/admin/login", json={"key": "nope"})
         assert r.status_code == 401
         assert gw.worker_pids("control") == [control]
+    finally:
+        gw.stop()
+
+
+# -- item 9: a stopped proxy worker is replaced ---------------------------------------------------------
+def test_a_stopped_worker_is_replaced_and_its_connections_are_served(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    config = basic_config({"a": mock_engine.url})
+    gw = Gateway(tmp_path, config, workers=2, extra=("--heartbeat-timeout", "2"))
+    victim = 0
+    try:
+        key = ready_key(gw, "alice")
+        served: set[str] = {r.headers["x-request-id"] for r in burst(gw, key, 20)}
+        victim = gw.worker_pids()[0]
+        os.kill(victim, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        wait_until(lambda: not pid_alive(victim) or victim not in gw.worker_pids(), timeout=10, what="killed")
+        wait_until(lambda: len(gw.worker_pids()) == 2, timeout=10, what="replaced")
+        replaced_in = time.monotonic() - stopped_at
+        # Fresh connections (SO_REUSEPORT spreads them over both listeners) are all served now, quickly.
+        after = burst(gw, key, 30)
+        assert [r.status_code for r in after] == [200] * 30
+        served |= {r.headers["x-request-id"] for r in after}
+        assert replaced_in < 6, f"replaced after {replaced_in:.1f}s"
+        state = gw.state()["workers"]
+        assert sum(w["restarts"] for w in state if w["kind"] == "proxy") == 1
+        assert "missed its heartbeat" in gw.log.read_text()
+        wait_stored(gw, served)  # every completed request's record, the stopped worker's included
+    finally:
+        if victim and pid_alive(victim):
+            os.kill(victim, signal.SIGKILL)
+        gw.stop()
+
+
+def test_a_busy_moment_is_not_a_hang(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """A worker stopped for less than the timeout is left alone."""
+    config = basic_config({"a": mock_engine.url})
+    gw = Gateway(tmp_path, config, workers=1, extra=("--heartbeat-timeout", "3"))
+    try:
+        victim = gw.worker_pids()[0]
+        os.kill(victim, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(victim, signal.SIGCONT)
+        time.sleep(2.5)
+        assert gw.worker_pids() == [victim]
     finally:
         gw.stop()
