@@ -310,7 +310,9 @@ def _serve(settings: Settings) -> int:
     holdings = Segment.create(workers * HOLD_WORDS * 8)
     stats = Segment.create(stats_region_bytes(workers))
     epoch = secrets.token_hex(8)
-    shared = SharedRegions(segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch)
+    shared = SharedRegions(
+        segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch, usage_attached=rings.attached
+    )
     specs = _worker_specs(settings, shared, hash_key)
     notifier = Notifier()
     stats_view = WorkerStats(stats.buf)

@@ -244,8 +244,19 @@ class Supervisor:
             ],
         }
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(state))
-        os.replace(tmp, self.state_file)
+        try:
+            tmp.write_bytes(orjson.dumps(state))
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            # A full or read-only disk must not stop the supervisor, and with it every worker: the file is
+            # only for ``gateway status``, which then shows the last state written. Logged once an outage.
+            if not self._state_failing:
+                log.error("state file %s not written (retrying every 2 s): %s", self.state_file, exc)
+                self._state_failing = True
+            return
+        if self._state_failing:
+            log.info("state file %s written again", self.state_file)
+            self._state_failing = False
 
     # -- main loop --------------------------------------------------------------------------------
     @staticmethod

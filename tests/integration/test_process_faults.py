@@ -5,11 +5,16 @@ small tmpfs, so it runs as root only."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +22,8 @@ import httpx
 import pytest
 
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
-from tests.integration.test_usage import chat, ready_key, records
+from tests.integration.test_admin_api import ADMIN_ROLES
+from tests.integration.test_usage import BUDGETED, chat, ready_key, records
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +112,50 @@ def test_a_huge_unauthenticated_body_is_refused_as_it_arrives(
         gw.stop()
 
 
+# -- item 7: a control worker restarted by kill -9 answers at once ----------------------------------------
+def test_a_restarted_control_worker_answers_without_a_config_change(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    port = free_port()
+    config = basic_config({"a": mock_engine.url}, extra=ADMIN_ROLES) + BUDGETED.format(
+        budget='period = "day", tokens = 100000'
+    )
+    gw = Gateway(
+        tmp_path,
+        config,
+        workers=1,
+        extra=("--admin-port", str(port)),
+        env={"GATEWAY_CLUSTER_TOKEN": "t" * 32},
+    )
+    try:
+        ops = {"authorization": f"Bearer {gw.create_key('ops')}"}
+        capped = ready_key(gw, "capped")
+        assert chat(gw, capped, 5).status_code == 200
+        admin = f"http://127.0.0.1:{port}"
+        routes = ["/admin/whoami", "/admin/principals", "/admin/keys", "/admin/config", "/admin/budgets"]
+        wait_until(lambda: httpx.get(admin + "/admin/whoami", headers=ops).status_code == 200, what="ops key")
+        revision = httpx.get(admin + "/cluster/healthz", headers={"authorization": "Bearer " + "t" * 32})
+        control = gw.worker_pids("control")[0]
+        os.kill(control, signal.SIGKILL)
+        wait_until(lambda: gw.worker_pids("control") not in ([], [control]), what="control worker respawned")
+        respawned = time.monotonic()
+
+        def all_answer() -> bool:
+            got = [httpx.get(admin + path, headers=ops, timeout=2).status_code for path in routes]
+            snapshot = httpx.get(admin + "/cluster/snapshot", headers={"authorization": "Bearer " + "t" * 32})
+            return got == [200] * len(routes) and snapshot.status_code == 200
+
+        wait_until(all_answer, timeout=10, what="admin and cluster routes answer")
+        assert time.monotonic() - respawned < 10
+        budgets = httpx.get(admin + "/admin/budgets", headers=ops).json()
+        assert any("capped" in str(b) for b in budgets), budgets
+        # No config change was needed: the revision is the one before the kill.
+        after = httpx.get(admin + "/cluster/healthz", headers={"authorization": "Bearer " + "t" * 32})
+        assert after.json()["revision"] == revision.json()["revision"]
+    finally:
+        gw.stop()
+
+
 # -- item 9: a stopped proxy worker is replaced ---------------------------------------------------------
 def test_a_stopped_worker_is_replaced_and_its_connections_are_served(
     tmp_path: Path, mock_engine: MockEngine
@@ -149,4 +199,110 @@ def test_a_busy_moment_is_not_a_hang(tmp_path: Path, mock_engine: MockEngine) ->
         time.sleep(2.5)
         assert gw.worker_pids() == [victim]
     finally:
+        gw.stop()
+
+
+# -- item 6: a full disk, and kill -9 of the supervisor ---------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MiB tmpfs, mounted for this test and unmounted after it."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "disk"
+    where.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)]
+    done = subprocess.run(mount, capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Fill the filesystem to its last byte; returns the filler file."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        for size in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    f.write(b"\1" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    return filler
+
+
+def test_a_full_disk_degrades_but_serves_and_loses_no_record(
+    small_disk: Path, tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    data = small_disk / "data"  # the data directory on the small disk; the log stays off it
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=2, extra=("--data-dir", str(data)))
+    gw.data_dir = data
+    try:
+        key = ready_key(gw, "alice")
+        served = {r.headers["x-request-id"] for r in burst(gw, key, 20)}
+        wait_stored(gw, served)
+        supervisor_pid = gw.proc.pid
+        filler = fill(small_disk)
+        full = burst(gw, key, 200)
+        assert [r.status_code for r in full] == [200] * 200, "serving went on"
+        served |= {r.headers["x-request-id"] for r in full}
+
+        def degraded() -> bool:
+            body = httpx.get(gw.url + "/healthz").json()
+            return bool(body["status"] == "degraded" and "full" in body.get("store_detail", ""))
+
+        wait_until(degraded, timeout=10, what="/healthz degraded")
+        time.sleep(2.5)  # past a state-file write: the supervisor survives it
+        assert gw.proc.poll() is None and pid_alive(supervisor_pid)
+        assert len(gw.worker_pids()) == 2
+        filler.unlink()
+        wait_stored(gw, served)
+        assert len(records(gw)) == len(served)
+        wait_until(lambda: httpx.get(gw.url + "/healthz").json()["status"] == "ok", what="/healthz ok again")
+        log = gw.log.read_text()
+        assert "Traceback" not in log
+        assert "not written" in log and "store unavailable" in log  # the disk was full for both
+    finally:
+        gw.stop()
+
+
+def test_kill_9_of_the_supervisor_loses_no_record(tmp_path: Path, mock_engine: MockEngine) -> None:
+    """The workers get SIGTERM from the kernel when the supervisor dies: the proxies finish what they
+    serve, and the control worker drains the rings until the last proxy has gone."""
+    gw = Gateway(tmp_path, basic_config({"a": mock_engine.url}), workers=2)
+    pids: list[int] = []
+    try:
+        key = ready_key(gw, "alice")
+        pids = gw.worker_pids("control") + gw.worker_pids()
+        mock_engine.configure(delay=0.02)  # so that requests are in flight when the supervisor dies
+        answers: list[httpx.Response] = []
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            try:
+                r = chat(gw, key, 1 + i % 5, stream=i % 3 == 0)
+            except httpx.HTTPError:
+                return  # sent after the listeners closed: never served, never recorded
+            with lock:
+                answers.append(r)
+
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(one, i) for i in range(300)]
+            wait_until(lambda: len(answers) >= 60, timeout=30, what="requests served")
+            gw.proc.send_signal(signal.SIGKILL)  # with requests in flight in both proxy workers
+            for f in futures:
+                f.result()
+        wait_until(lambda: not any(pid_alive(p) for p in pids), timeout=40, what="workers gone")
+        served = {r.headers["x-request-id"] for r in answers if r.status_code == 200}
+        assert len(served) >= 60
+        got = [r.request_id for r in records(gw)]
+        assert len(got) == len(set(got))
+        missing = served - set(got)
+        assert not missing, f"{len(missing)} of {len(served)} served requests have no record"
+    finally:
+        for p in pids:
+            if pid_alive(p):
+                os.kill(p, signal.SIGKILL)
         gw.stop()
