@@ -502,6 +502,8 @@ def status_document(state: dict[str, Any]) -> dict[str, Any]:
         if live is not None:
             entry["in_flight"] = live.get("in_flight", 0)
             entry["requests"] = live.get("requests", 0)
+            if live.get("heartbeat_age") is not None:  # proxy workers: what the supervisor judges them by
+                entry["heartbeat_age"] = round(live["heartbeat_age"], 1)
         doc["workers"].append(entry)
     doc["backends"] = dict(sorted(sum_backends(list(stats.values())).items()))
     return doc
@@ -529,6 +531,8 @@ def _print_status(doc: dict[str, Any]) -> None:
             line = f"  {w['name']:<10} pid={w['pid']:<7} uptime={w['uptime']:>8}s restarts={w['restarts']}"
             if "in_flight" in w:
                 line += f" in_flight={w['in_flight']} requests={w['requests']}"
+            if "heartbeat_age" in w:
+                line += f" heartbeat={w['heartbeat_age']:.1f}s ago"
         else:
             was = f" (was pid {w['last_pid']})" if w["last_pid"] else ""
             line = f"  {w['name']:<10} {w['status'].upper()}{was} restarts={w['restarts']}"
@@ -553,7 +557,13 @@ def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
     except Exception:
         return {}
     try:
-        return {int(doc.get("pid", 0)): doc for _, doc in WorkerStats(seg.buf).documents()}
+        view, now = WorkerStats(seg.buf), time.monotonic()
+        out = {}
+        for slot, doc in view.documents():
+            pid = int(doc.get("pid", 0))
+            beat = view.last_beat(slot, pid)  # CLOCK_MONOTONIC is one clock for every process of the host
+            out[pid] = {**doc, "heartbeat_age": None if beat is None else max(0.0, now - beat)}
+        return out
     finally:
         seg.close()
 
