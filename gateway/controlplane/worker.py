@@ -6,10 +6,13 @@ the shared segment. SIGHUP re-applies the config file given to ``gateway serve -
 config file is logged and the current snapshot kept: a reload never takes the data plane down. Every
 ``usage_drain_interval`` it drains the usage rings into the store and keeps the budgets' base spend
 current (``UsageSink``); a database that is down only delays that, the rings and the workers' backlogs
-hold the records meanwhile. On SIGTERM (which the supervisor sends after the proxies have stopped) it
-drains the rings one last time. With an admin port (``--admin-port``, always with ``--role control``) it
-also serves the cluster API to proxy-role hosts (``cluster_api``): the snapshot it built, and their usage
-records, which go through the same sink as the local rings' so that budgets count them.
+hold the records meanwhile, and while the store fails (a full disk too) the snapshot segment's header
+says so, for the proxies' ``/healthz``. On SIGTERM (which the supervisor sends after the proxies have
+stopped) it drains the rings one last time; a SIGTERM that comes from the kernel because the supervisor
+died (``kill -9``) finds the proxies still finishing requests, so it drains until they have all gone.
+With an admin port (``--admin-port``, always with ``--role control``) it also serves the cluster API to
+proxy-role hosts (``cluster_api``): the snapshot it built, and their usage records, which go through the
+same sink as the local rings' so that budgets count them.
 
 When PostgreSQL cannot be reached at start the worker does not exit (under systemd that would be a
 restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-good.sealed``, rewritten

@@ -5,7 +5,10 @@ never runs in the middle of a fork or a state update: signals only queue, the lo
 them right after the fork. A worker whose ``main`` raises writes one line saying why to a pipe the
 supervisor reads when it reaps the worker: the same reason twice in a row from a worker that never came
 up (a port, a certificate, a store it cannot have) stops the gateway with that reason instead of a restart
-loop. I/O: fork/kill/waitpid, that pipe, and a small JSON state file for ``gateway status``.
+loop. The loop also replaces a worker whose heartbeat (stamped by its event loop into shared memory) is
+older than the timeout: a stopped or wedged worker would keep its listener and let its share of new
+connections time out. I/O: fork/kill/waitpid, that pipe, and a small JSON state file for ``gateway
+status`` (a failed write, say on a full disk, is logged and retried, never fatal).
 """
 
 from __future__ import annotations
