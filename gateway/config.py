@@ -19,6 +19,11 @@ def _env_int(name: str, default: int) -> int:
     return int(raw) if raw else default
 
 
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    return float(raw) if raw else default
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     role: str = "all"  # all | proxy | control
@@ -36,6 +41,9 @@ class Settings:
     config_file: Path | None = None
     database: str | None = None  # None: SQLite file under data_dir
     grace_period: float = 30.0  # seconds SIGTERM waits for in-flight requests and streams
+    # Seconds a proxy worker may go without stamping its heartbeat (its event loop does, twice a second)
+    # before the supervisor kills and replaces it; 0: never.
+    heartbeat_timeout: float = field(default_factory=lambda: _env_float("GATEWAY_HEARTBEAT_TIMEOUT", 5.0))
     backend_cool_down: float = 5.0  # seconds a backend that failed 3 times in a row is skipped; 0: never
     stream_stall_timeout: float = 60.0  # seconds a streamed answer waits for a client that takes no byte
     event_loop: str = field(

@@ -80,14 +80,15 @@ from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, Service
 from gateway.keys import hash_secret
 from gateway.routing.load import Load
 
-__all__ = ["ROUTES", "AdminApi", "AdminContext", "openapi_document"]
+__all__ = ["OPEN_ROUTE_BODY", "ROUTES", "AdminApi", "AdminContext", "Admission", "openapi_document"]
 
 _JSON = [("content-type", "application/json")]
 _BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
 SESSION_COOKIE = "gw_admin_session"
 SESSION_TTL = 8 * 3600.0
 Reply = tuple[int, list[tuple[str, str]], bytes]
-MAX_BODY = 8 * 1024 * 1024
+MAX_BODY = 8 * 1024 * 1024  # an admin write: a whole configuration at most
+OPEN_ROUTE_BODY = 16 * 1024  # what an unauthenticated request (POST /admin/login) may send: one key
 
 
 class AdminContext(Protocol):
@@ -125,6 +126,16 @@ class Route:
     handler: str
     summary: str
     kind: str = ""  # for the per-entity routes: which section of the configuration
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request whose route and caller were checked from its head: what its body may then be."""
+
+    route: Route
+    params: dict[str, str]
+    caller: Caller | None  # None on the open routes (login)
+    body_limit: int
 
 
 ROUTES: tuple[Route, ...] = (
@@ -208,6 +219,11 @@ class AdminApi:
         self, method: str, path: str, query: str, headers: Any, body: bytes, *, secure: bool = False
     ) -> Reply:
         """Answer one request; ``secure``: it came over TLS, so the session cookie gets ``Secure``."""
+        return self.answer(self.admit(method, path, headers), query, body, secure=secure)
+
+    def admit(self, method: str, path: str, headers: Any) -> Admission:
+        """Find the route and check the caller, from the head alone: the body is read only after this,
+        and no further than the admission's ``body_limit``. Raises NotFound, Unauthorized, Forbidden."""
         allowed: list[str] = []
         for route in ROUTES:
             params = _match(route, method, path)
@@ -227,14 +243,20 @@ class AdminApi:
                 self.check_csrf(caller.session, headers.get("x-csrf-token"))
             if route.kind:
                 params["kind"] = route.kind
-            handler: Callable[..., Reply] = getattr(self, route.handler)
-            status, out, data = handler(caller, params, parse_qs(query), body)
-            if secure:
-                out = [(k, f"{v}; Secure" if k == "set-cookie" else v) for k, v in out]
-            return status, out, data
+            # Nobody is authenticated yet on an open route (login): its body is one key, so a stranger
+            # never gets more than a few KiB read.
+            return Admission(route, params, caller, OPEN_ROUTE_BODY if caller is None else MAX_BODY)
         if allowed:
             raise NotFound(f"{method} is not supported on {path} (use {', '.join(sorted(allowed))})")
         raise NotFound(f"no admin route {path}")
+
+    def answer(self, admission: Admission, query: str, body: bytes, *, secure: bool = False) -> Reply:
+        """Run an admitted request's handler on its body."""
+        handler: Callable[..., Reply] = getattr(self, admission.route.handler)
+        status, out, data = handler(admission.caller, admission.params, parse_qs(query), body)
+        if secure:
+            out = [(k, f"{v}; Secure" if k == "set-cookie" else v) for k, v in out]
+        return status, out, data
 
     def authenticate(self, headers: Any) -> Caller:
         authorization = headers.get("authorization")

@@ -13,10 +13,12 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
 And, without authentication, ``GET /metrics``: Prometheus text (``metrics``), and the admin web UI's static
 files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin API.
 
-Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>`` (``GATEWAY_CLUSTER_TOKEN``, the
-same on every host), compared in constant time. Without a token configured the routes answer 503: a
-control plane never serves its snapshot, which holds backend keys, to anyone who asks. Errors use the
-OpenAI envelope like every gateway error.
+Bodies are read no further than their limit (``request_body``): 16 KiB for a request nobody is
+authenticated on yet (``POST /admin/login``), 8 MiB for an admin write, 64 MiB for a usage batch; past it
+the answer is 413 at once. Every ``/cluster/`` route needs ``Authorization: Bearer <cluster token>``
+(``GATEWAY_CLUSTER_TOKEN``, the same on every host), compared in constant time, before its body is read.
+Without a token configured the routes answer 503: a control plane never serves its snapshot, which holds
+backend keys, to anyone who asks. Errors use the OpenAI envelope like every gateway error.
 I/O: the client connection; the store, through the ``UsageSink`` the control worker owns.
 """
 
@@ -30,6 +32,7 @@ import orjson
 
 from gateway.controlplane import ui
 from gateway.controlplane.admin_api import AdminApi
+from gateway.controlplane.request_body import read_body
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
@@ -41,8 +44,8 @@ log = logging.getLogger("gateway.controlplane")
 _JSON = [("content-type", "application/json")]
 # Admin answers hold keys' secrets and the configuration: never cached, never sniffed into something else.
 _ADMIN_HEADERS = [("x-content-type-options", "nosniff"), ("cache-control", "no-store")]
-MAX_USAGE_BODY = 64 * 1024 * 1024
-MAX_ADMIN_BODY = 8 * 1024 * 1024
+MAX_USAGE_BODY = 64 * 1024 * 1024  # a proxy host's batch of usage records
+MAX_REPORT_BODY = 1024 * 1024  # a proxy host's health report
 
 
 class SnapshotSource(Protocol):
@@ -87,13 +90,14 @@ class ClusterApp:
             )
         if self.admin is not None:
             if path.startswith("/admin/"):
+                # Route and caller first, from the head: a stranger's body is read no further than the
+                # few KiB a login takes, and an admin's no further than MAX_BODY.
+                admission = self.admin.admit(method, path, scope.headers)
                 body = b""
                 if method in ("POST", "PUT", "PATCH"):
-                    body = await proto()
-                    if len(body) > MAX_ADMIN_BODY:
-                        raise BadRequest(f"request body over {MAX_ADMIN_BODY} bytes")
+                    body = await read_body(proto, scope.headers, admission.body_limit)
                 secure = scope.scheme == "https"
-                return self.admin.handle(method, path, scope.query_string, scope.headers, body, secure=secure)
+                return self.admin.answer(admission, scope.query_string, body, secure=secure)
             if path in ("/", "/ui") and method in ("GET", "HEAD"):
                 return 308, [("location", "/ui/")], b""
             if path.startswith("/ui/"):
@@ -104,10 +108,10 @@ class ClusterApp:
         if path == "/cluster/snapshot" and method == "GET":
             return self.snapshot(scope.headers.get("if-none-match"))
         if path == "/cluster/usage" and method == "POST":
-            return self.usage(await proto())
+            return self.usage(await read_body(proto, scope.headers, MAX_USAGE_BODY))
         if path == "/cluster/report" and method == "POST":
             try:
-                report = orjson.loads(await proto())
+                report = orjson.loads(await read_body(proto, scope.headers, MAX_REPORT_BODY))
             except orjson.JSONDecodeError as exc:
                 raise BadRequest(f"report is not JSON: {exc}") from None
             if not isinstance(report, dict):
@@ -138,8 +142,6 @@ class ClusterApp:
         return 200, [*_JSON, ("etag", etag)], blob
 
     def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        if len(body) > MAX_USAGE_BODY:
-            raise BadRequest(f"usage batch over {MAX_USAGE_BODY} bytes")
         try:
             values = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

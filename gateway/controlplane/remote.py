@@ -88,6 +88,7 @@ class RemoteControlWorker:
         self.spool = settings.data_dir / "usage-spool"
         self.etag: str | None = None
         self._stop = False
+        self._parent = os.getppid()
         self._sync_at = 0.0
         self._sync_backoff = BACKOFF_FIRST
         self._ship_at = 0.0
@@ -118,6 +119,8 @@ class RemoteControlWorker:
                     self._report_at = now + self.settings.report_interval
                     self.report()
                 time.sleep(self.settings.usage_drain_interval)
+            if os.getppid() != self._parent:
+                self.ship_until_proxies_stop()
             self.final_ship()
         finally:
             if scraper is not None:
@@ -312,6 +315,19 @@ class RemoteControlWorker:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+
+    def ship_until_proxies_stop(self) -> None:
+        """The supervisor died and every worker got SIGTERM at once (their parent-death signal): the
+        proxies are still finishing requests and writing their records. Ship (or spool) until none of
+        them maps the rings any more, bounded by their grace period and the final drain's."""
+        attached = self.shared.usage_attached
+        if attached is None:
+            return
+        log.warning("the supervisor is gone: shipping usage records until the proxy workers have stopped")
+        deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
+        while attached() > 1 and time.monotonic() < deadline:
+            self.final_ship()
+            time.sleep(self.settings.usage_drain_interval)
 
     def final_ship(self) -> None:
         """On SIGTERM, after the proxies stopped: send (or spool) everything the rings still hold."""

@@ -6,10 +6,13 @@ the shared segment. SIGHUP re-applies the config file given to ``gateway serve -
 config file is logged and the current snapshot kept: a reload never takes the data plane down. Every
 ``usage_drain_interval`` it drains the usage rings into the store and keeps the budgets' base spend
 current (``UsageSink``); a database that is down only delays that, the rings and the workers' backlogs
-hold the records meanwhile. On SIGTERM (which the supervisor sends after the proxies have stopped) it
-drains the rings one last time. With an admin port (``--admin-port``, always with ``--role control``) it
-also serves the cluster API to proxy-role hosts (``cluster_api``): the snapshot it built, and their usage
-records, which go through the same sink as the local rings' so that budgets count them.
+hold the records meanwhile, and while the store fails (a full disk too) the snapshot segment's header
+says so, for the proxies' ``/healthz``. On SIGTERM (which the supervisor sends after the proxies have
+stopped) it drains the rings one last time; a SIGTERM that comes from the kernel because the supervisor
+died (``kill -9``) finds the proxies still finishing requests, so it drains until they have all gone.
+With an admin port (``--admin-port``, always with ``--role control``) it also serves the cluster API to
+proxy-role hosts (``cluster_api``): the snapshot it built, and their usage records, which go through the
+same sink as the local rings' so that budgets count them.
 
 When PostgreSQL cannot be reached at start the worker does not exit (under systemd that would be a
 restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-good.sealed``, rewritten
@@ -29,6 +32,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -64,6 +68,14 @@ LAST_KNOWN_GOOD = "last-known-good.sealed"
 CONFIG_PENDING = "config-pending"  # in the run directory: the supervisor could not apply --config
 
 
+@dataclass(slots=True)
+class _Outage:
+    """A loop step failing on the store: when to try it again."""
+
+    retry_at: float = 0.0
+    backoff: float = 0.5
+
+
 def _write_stdout(lines: bytes) -> None:
     """Access-log lines: written whole, once per drained batch (journald keeps the lines apart)."""
     try:
@@ -86,9 +98,7 @@ class ControlWorker:
         self._reload = asyncio.Event()
         self._changed = asyncio.Event()
         self.fleet = Fleet()
-        self._store_failing = False
-        self._store_retry_at = 0.0
-        self._store_backoff = 0.5
+        self._outages: dict[str, _Outage] = {}  # by step: the loop's steps that fail on the store
         self._current: tuple[int, bytes] | None = None  # (revision, document) last built
         self._doc: dict[str, Any] | None = None
         self.store: Store
@@ -97,12 +107,14 @@ class ControlWorker:
         self._store_error = ""
         self.purger: Purger | None = None
         self._from_last_known_good = False  # rebuild from the store once reached, whatever the revision
+        self._parent = os.getppid()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         settings = self.settings
+        self.publisher.set_store_state(False)  # an earlier control worker's outage is its own to say
         self.hash_key = load_hash_key(settings.data_dir)
         store = self.store = self._open_store()
         self.sink = UsageSink(
@@ -141,11 +153,13 @@ class ControlWorker:
                     next_poll = 0.0
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + settings.revision_poll_interval
-                    self._guarded(lambda: self.publish_if_changed(self.store))
+                    self._guarded(self.publish_current)
                 self._guarded(self.account)
                 if self.purger is not None:
                     self._guarded(self.purger.step)
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
+            if os.getppid() != self._parent:
+                await self.drain_orphaned()
             self.final_drain()
         finally:
             if unlisten is not None:
@@ -289,7 +303,7 @@ class ControlWorker:
 
     def fleet_view(self) -> list[dict[str, Any]]:
         store: dict[str, Any] = {"state": "ok"}
-        if self._store_down_since is not None or self._store_failing:
+        if self._store_down_since is not None or self._outages:
             store = {"state": "unreachable", "error": self._store_error}
             if self._store_down_since is not None:
                 store["since"] = self._store_down_since
@@ -313,6 +327,23 @@ class ControlWorker:
                 break
         self.sink.tick()
 
+    async def drain_orphaned(self) -> None:
+        """The supervisor died (``kill -9``): the kernel sent SIGTERM to every worker at once (their
+        parent-death signal), so the proxies are still finishing their requests and writing those
+        requests' usage records. Keep draining until the last of them has gone (nobody else maps the
+        rings), or for their grace period and the final drain's: stopping at the first empty ring, as a
+        supervised stop may, would lose the records written after it, with the rings' segment."""
+        attached = self.shared.usage_attached
+        if attached is None:
+            return
+        log.warning("the supervisor is gone: draining usage records until the proxy workers have stopped")
+        deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
+        while attached() > 1 and time.monotonic() < deadline:
+            self._guarded(self.account)
+            await asyncio.sleep(self.settings.usage_drain_interval)
+        if attached() > 1:
+            log.error("%d processes still write the usage rings; stopping anyway", attached() - 1)
+
     def final_drain(self) -> None:
         deadline = time.monotonic() + FINAL_DRAIN_SECONDS
         assert self.sink is not None
@@ -327,26 +358,32 @@ class ControlWorker:
 
     def _guarded(self, step: Callable[[], object]) -> None:
         """Run one step of the loop. A store that fails is logged once per outage and retried with backoff
-        (0.5 s doubling to 10 s), so that the loop, and the admin port it shares, stay responsive."""
-        if self._store_failing and time.monotonic() < self._store_retry_at:
+        (0.5 s doubling to 10 s), so that the loop, and the admin port it shares, stay responsive. Each
+        step keeps its own outage: on a full disk reads (the revision poll) work while writes (usage
+        records) fail, and one must not end the other's outage. While any step fails, ``/healthz`` says
+        degraded with the store's error (the records wait in the rings meanwhile)."""
+        outage = self._outages.get(step.__name__)
+        if outage is not None and time.monotonic() < outage.retry_at:
             return
         try:
             step()
         except StoreError as exc:
-            if not self._store_failing:
-                log.error("store unavailable, will retry: %s", exc)
-                self._store_backoff = 0.5
+            if outage is None:
+                log.error("store unavailable (%s), will retry: %s", step.__name__, exc)
+                outage = self._outages[step.__name__] = _Outage()
                 self._store_error = exc.message
                 self.publisher.set_control_state(CONTROL_STORE_DOWN, time.time())
-            self._store_failing = True
-            self._store_retry_at = time.monotonic() + self._store_backoff
-            self._store_backoff = min(self._store_backoff * 2, 10.0)
+                self.publisher.set_store_state(True, exc.message)
+            outage.retry_at = time.monotonic() + outage.backoff
+            outage.backoff = min(outage.backoff * 2, 10.0)
             return
-        if self._store_failing:
-            log.info("store available again")
-            self._store_failing = False
-            if self._store_down_since is None:
-                self.publisher.set_control_state(CONTROL_LOCAL, time.time())
+        if outage is not None:
+            log.info("store available again (%s)", step.__name__)
+            del self._outages[step.__name__]
+            if not self._outages:
+                self.publisher.set_store_state(False)
+                if self._store_down_since is None:
+                    self.publisher.set_control_state(CONTROL_LOCAL, time.time())
 
     async def _sleep(self, seconds: float) -> None:
         waits = [
@@ -372,10 +409,18 @@ class ControlWorker:
             return
         log.info("SIGHUP: applied %s as revision %d", path, revision)
 
+    def publish_current(self) -> bool:
+        return self.publish_if_changed(self.store)
+
     def publish_if_changed(self, store: Store) -> bool:
         revision = store.revision()
+        # A control worker that restarted finds the previous one's snapshot still published, at the
+        # store's revision: it builds its own once all the same, because the admin API, the cluster
+        # snapshot endpoint and the budgets all read the document this worker built (``_doc``), not the
+        # segment.
         if (
-            self.publisher.generation
+            self._doc is not None
+            and self.publisher.generation
             and revision <= self.publisher.revision
             and not self._from_last_known_good
         ):

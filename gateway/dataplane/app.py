@@ -229,6 +229,14 @@ class ProxyApp:
                 "revision": snap.revision,
             }
             body["control_plane"], body["control_plane_detail"] = self.control_plane_state()
+            store_failing, since, reason = self.reader.store_state() if self.reader else (False, 0.0, "")
+            if store_failing:  # still serving: usage records wait in shared memory for the store
+                body["status"] = "degraded"
+                body["store"] = "failing"
+                body["store_detail"] = (
+                    f"usage records wait in shared memory since "
+                    f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}: {reason}"
+                )
             proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
         elif path == "/readyz":
             ready = not self.draining and self.snapshot.generation > 0

@@ -6,7 +6,8 @@ server rather than its multi-process one because our supervisor must own the for
 memory first, decides restarts and backoff, and orders the drain (proxies before the control worker).
 SIGTERM stops accepting and returns once in-flight requests and streams have finished; the supervisor's
 grace period bounds that, and what is left of it lets usage records still waiting for ring space get in.
-I/O: the listening socket.
+Its event loop stamps a heartbeat into its statistics slot twice a second; the supervisor replaces a worker
+whose stamp is older than ``--heartbeat-timeout``. I/O: the listening socket.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
-from gateway.shm.worker_stats import WorkerStats
+from gateway.shm.worker_stats import HEARTBEAT_INTERVAL, WorkerStats
 
 __all__ = ["run_proxy_worker"]
 
@@ -97,7 +98,7 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     gc.freeze()
     gc.set_threshold(YOUNG_OBJECTS, *gc.get_threshold()[1:])
     pin_to_core(settings, index)
-    run_loop(settings.event_loop, _serve(settings, app, usage))
+    run_loop(settings.event_loop, _serve(settings, app, usage, (stats, index)))
     return 0
 
 
@@ -157,7 +158,19 @@ def pin_to_core(settings: Settings, index: int) -> int | None:
     return core
 
 
-async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> None:
+async def _beat(stats: WorkerStats, index: int) -> None:
+    """Stamp this worker's heartbeat from its event loop, so that a worker whose loop stops (a stopped
+    process, a wedged loop) stops stamping and the supervisor replaces it. One task for the worker's
+    life, twice a second: nothing on the request path."""
+    pid = os.getpid()
+    while True:
+        stats.beat(index, pid, time.monotonic())
+        await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+
+async def _serve(
+    settings: Settings, app: ProxyApp, usage: UsageLog | None, slot: tuple[WorkerStats, int]
+) -> None:
     server = Server(
         app,
         address=settings.host,
@@ -186,7 +199,9 @@ async def _serve(settings: Settings, app: ProxyApp, usage: UsageLog | None) -> N
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop)
+    heartbeat = loop.create_task(_beat(*slot))
     await server.serve()
+    heartbeat.cancel()
     if usage is not None and usage.backlog:
         spent = time.monotonic() - stopping_since[0] if stopping_since else 0.0
         await usage.drain(max(1.0, settings.grace_period - spent - 1.0))

@@ -8,6 +8,7 @@ I/O: shmget/shmat/shmctl system calls only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sysv_ipc
@@ -37,6 +38,10 @@ class Segment:
     def attach(cls, shm_id: int) -> Segment:
         return cls(sysv_ipc.attach(shm_id))
 
+    def attached(self) -> int:
+        """How many processes map this segment now (``shm_nattch``: a fork adds one, an exit removes one)."""
+        return int(self._shm.number_attached)
+
     def close(self) -> None:
         self.buf.release()
         try:
@@ -56,3 +61,6 @@ class SharedRegions:
     holdings: memoryview  # the concurrency gauges each proxy worker holds (see dataplane.limits)
     stats: memoryview  # each proxy worker's statistics, for health reports (see shm.worker_stats)
     epoch: str
+    # How many processes still map the usage rings: a control worker left behind by a dead supervisor
+    # drains until the proxy workers, who write the rings, have all gone.
+    usage_attached: Callable[[], int] | None = None

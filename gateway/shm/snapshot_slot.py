@@ -13,6 +13,10 @@ Layout of the segment (all words little-endian u64, 8-aligned)::
     64  control_state    where the document comes from: 0 the local store, 1 a remote control plane that
                          answers, 2 a remote control plane that does not (serving the last one known)
     72  control_seen_at  unix time (f64) the remote control plane last answered
+    80  store_failing    0, or 1 while the control worker cannot write to its store (usage records then
+                         wait in the rings): ``/healthz`` says degraded
+    88  store_failing_at unix time (f64) the store started failing
+    96  store_reason     length (u64), then up to 1,024 bytes at 104: the store's error, UTF-8
     HEADER .. HEADER+S           slot 0
     HEADER+S .. HEADER+2S        slot 1
 
@@ -45,6 +49,8 @@ _U64 = struct.Struct("<Q")
 _F64 = struct.Struct("<d")
 _OFF_MAGIC, _OFF_SEQ, _OFF_GEN, _OFF_REV, _OFF_ACTIVE, _OFF_LEN0, _OFF_LEN1, _OFF_AT = range(0, 64, 8)
 _OFF_CONTROL_STATE, _OFF_CONTROL_SEEN = 64, 72
+_OFF_STORE_FAILING, _OFF_STORE_AT, _OFF_STORE_REASON = 80, 88, 96
+_REASON_BYTES = 1024
 CONTROL_LOCAL, CONTROL_REACHABLE, CONTROL_UNREACHABLE = 0, 1, 2
 CONTROL_STORE_DOWN = 3  # a local control worker whose store does not answer (it serves what it has)
 
@@ -112,6 +118,18 @@ class SnapshotPublisher:
         if seen_at is not None:
             _F64.pack_into(self._buf, _OFF_CONTROL_SEEN, seen_at)
 
+    def set_store_state(self, failing: bool, reason: str = "") -> None:
+        """Say whether the store takes writes (read by ``/healthz``). The reason is written before the
+        flag, so a reader that sees the flag sees its reason (a reader racing a second outage's reason
+        may see a mix of two messages, which is harmless)."""
+        if failing:
+            text = reason.encode()[:_REASON_BYTES]
+            start = _OFF_STORE_REASON + 8
+            self._buf[start : start + len(text)] = text
+            _U64.pack_into(self._buf, _OFF_STORE_REASON, len(text))
+            _F64.pack_into(self._buf, _OFF_STORE_AT, time.time())
+        _U64.pack_into(self._buf, _OFF_STORE_FAILING, 1 if failing else 0)
+
 
 class SnapshotReader:
     """A worker's side: cheap generation checks, and a consistent copy when it changed."""
@@ -132,6 +150,16 @@ class SnapshotReader:
             int(_U64.unpack_from(self._buf, _OFF_CONTROL_STATE)[0]),
             float(_F64.unpack_from(self._buf, _OFF_CONTROL_SEEN)[0]),
         )
+
+    def store_state(self) -> tuple[bool, float, str]:
+        """``(failing, since when (unix time), the store's error)`` as the control worker last said."""
+        buf = self._buf
+        if not _U64.unpack_from(buf, _OFF_STORE_FAILING)[0]:
+            return False, 0.0, ""
+        length = min(int(_U64.unpack_from(buf, _OFF_STORE_REASON)[0]), _REASON_BYTES)
+        start = _OFF_STORE_REASON + 8
+        reason = bytes(buf[start : start + length]).decode(errors="replace")
+        return True, float(_F64.unpack_from(buf, _OFF_STORE_AT)[0]), reason
 
     def read(self, attempts: int = 1000) -> tuple[int, bytes] | None:
         """The published (generation, document), or None when nothing was published yet.

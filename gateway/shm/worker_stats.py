@@ -2,9 +2,15 @@
 (in-flight requests, backends' answers and failures) about once a second, and the host's control slot
 reads them all for health reports. Nothing on the request path touches this segment.
 
-Layout: ``workers`` slots of ``SLOT_BYTES``; each slot is ``[u64 seq][u64 length][document]``. A slot has
-one writer (its worker); ``seq`` is odd while the writer is inside the slot, and a reader keeps a copy only
-if it saw the same even ``seq`` before and after. I/O: none beyond the mapping.
+Each proxy worker's slot also holds its heartbeat: its event loop stamps the slot with its pid and the time
+(``CLOCK_MONOTONIC``, which every process of the host shares) every ``HEARTBEAT_INTERVAL``, and the
+supervisor replaces a worker whose stamp grew older than its heartbeat timeout (a stopped or wedged
+process). Two aligned 8-byte words, written time first: a reader that sees a new pid sees its time.
+
+Layout: ``workers`` slots of ``SLOT_BYTES``; each slot is
+``[u64 seq][u64 length][u64 heartbeat pid][f64 heartbeat time][document]``. A slot has one writer (its
+worker); ``seq`` is odd while the writer is inside the document, and a reader keeps a copy only if it saw
+the same even ``seq`` before and after. I/O: none beyond the mapping.
 """
 
 from __future__ import annotations
@@ -14,10 +20,21 @@ from typing import Any
 
 import orjson
 
-__all__ = ["SLOT_BYTES", "WorkerStats", "backend_totals", "region_bytes", "sum_backends"]
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "SLOT_BYTES",
+    "WorkerStats",
+    "backend_totals",
+    "region_bytes",
+    "sum_backends",
+]
 
 SLOT_BYTES = 16384
+HEARTBEAT_INTERVAL = 0.5  # seconds between a worker's stamps: a tenth of the default timeout
 _HEADER = struct.Struct("<QQ")
+_BEAT = struct.Struct("<Qd")
+_BEAT_AT = _HEADER.size
+_DOC_AT = _BEAT_AT + _BEAT.size
 
 
 def region_bytes(workers: int) -> int:
@@ -34,17 +51,30 @@ class WorkerStats:
 
     def write(self, index: int, document: bytes) -> bool:
         """Publish ``document`` in slot ``index``; False when it does not fit (nothing is written)."""
-        if len(document) > SLOT_BYTES - _HEADER.size or not 0 <= index < self.slots:
+        if len(document) > SLOT_BYTES - _DOC_AT or not 0 <= index < self.slots:
             return False
         buf, base = self._buf, index * SLOT_BYTES
         seq = _HEADER.unpack_from(buf, base)[0]
         seq += 1 if seq % 2 == 0 else 0  # odd: inside (a writer that died inside leaves it odd: go on)
         struct.pack_into("<Q", buf, base, seq)
-        start = base + _HEADER.size
+        start = base + _DOC_AT
         buf[start : start + len(document)] = document
         struct.pack_into("<QQ", buf, base, seq, len(document))
         struct.pack_into("<Q", buf, base, seq + 1)
         return True
+
+    def beat(self, index: int, pid: int, now: float) -> None:
+        """Stamp slot ``index`` with a heartbeat of process ``pid`` at monotonic time ``now``."""
+        base = index * SLOT_BYTES + _BEAT_AT
+        struct.pack_into("<d", self._buf, base + 8, now)
+        struct.pack_into("<Q", self._buf, base, pid)
+
+    def last_beat(self, index: int, pid: int) -> float | None:
+        """When process ``pid`` last stamped slot ``index`` (monotonic), or None if the stamp is not its."""
+        if not 0 <= index < self.slots:
+            return None
+        stamped, at = _BEAT.unpack_from(self._buf, index * SLOT_BYTES + _BEAT_AT)
+        return float(at) if stamped == pid else None
 
     @property
     def host_slot(self) -> int:
@@ -72,9 +102,9 @@ class WorkerStats:
             seq, length = _HEADER.unpack_from(buf, base)
             if seq == 0:
                 return None
-            if seq % 2 or length > SLOT_BYTES - _HEADER.size:
+            if seq % 2 or length > SLOT_BYTES - _DOC_AT:
                 continue
-            data = bytes(buf[base + _HEADER.size : base + _HEADER.size + length])
+            data = bytes(buf[base + _DOC_AT : base + _DOC_AT + length])
             if _HEADER.unpack_from(buf, base)[0] == seq:
                 return data
         return None

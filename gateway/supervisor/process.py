@@ -5,7 +5,10 @@ never runs in the middle of a fork or a state update: signals only queue, the lo
 them right after the fork. A worker whose ``main`` raises writes one line saying why to a pipe the
 supervisor reads when it reaps the worker: the same reason twice in a row from a worker that never came
 up (a port, a certificate, a store it cannot have) stops the gateway with that reason instead of a restart
-loop. I/O: fork/kill/waitpid, that pipe, and a small JSON state file for ``gateway status``.
+loop. The loop also replaces a worker whose heartbeat (stamped by its event loop into shared memory) is
+older than the timeout: a stopped or wedged worker would keep its listener and let its share of new
+connections time out. I/O: fork/kill/waitpid, that pipe, and a small JSON state file for ``gateway
+status`` (a failed write, say on a full disk, is logged and retried, never fatal).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ STABLE_AFTER = 30.0  # a worker that lived this long restarts without backoff
 # A worker that lived this long had started, whatever ``came_up`` says; one that did not and failed twice
 # in a row for the same reason will not get further by trying again.
 START_WINDOW = 10.0
+# A worker stamps its first heartbeat once its server runs; until then (imports, the first snapshot) it
+# is judged by this allowance, or the heartbeat timeout if that is longer.
+FIRST_BEAT_WITHIN = 30.0
 
 
 @dataclass(slots=True)
@@ -50,6 +56,8 @@ class WorkerSpec:
     restart_at: float | None = None
     exit_codes: list[int] = field(default_factory=list)
     start_failure: str | None = None  # why its last start failed, while it has not come up since
+    heartbeat_slot: int | None = None  # where the worker stamps its heartbeat; None: it has none
+    killed_hung: bool = False  # SIGKILLed for a missed heartbeat, not reaped yet
 
 
 def _exit_code(status: int) -> int:
@@ -68,6 +76,8 @@ class Supervisor:
         ready: Callable[[], bool] | None = None,
         watchdog_s: float | None = None,
         came_up: Callable[[WorkerSpec, int], bool] | None = None,
+        heartbeat: Callable[[int, int], float | None] | None = None,
+        heartbeat_timeout: float = 0.0,
     ) -> None:
         self.specs = specs
         self.grace_period = grace_period
@@ -76,6 +86,9 @@ class Supervisor:
         self.notify = notify or (lambda _msg: None)
         self.ready = ready  # says when every worker serves; READY=1 goes out once it does
         self.watchdog_s = watchdog_s
+        # (slot, pid) -> the monotonic time that process last stamped the slot, None if never
+        self.heartbeat = heartbeat
+        self.heartbeat_timeout = heartbeat_timeout
         self.started_at = time.time()
         self.extra_state: dict[str, object] = {}
         self._stopping = False
@@ -86,6 +99,7 @@ class Supervisor:
         # A worker never waits on a full pipe (64 KiB of unread reasons); it skips the report instead.
         os.set_blocking(self._failures_w, False)
         self._failure_text = b""
+        self._state_failing = False
 
     # -- children -------------------------------------------------------------------------------
     def _spawn(self, spec: WorkerSpec) -> None:
@@ -112,6 +126,7 @@ class Supervisor:
         spec.pid = pid
         spec.started_at = time.monotonic()
         spec.restart_at = None
+        spec.killed_hung = False
         log.info("started %s worker %s pid=%d", spec.kind, spec.name, pid)
 
     def _report_failure(self, exc: BaseException) -> None:
@@ -232,8 +247,19 @@ class Supervisor:
             ],
         }
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_bytes(orjson.dumps(state))
-        os.replace(tmp, self.state_file)
+        try:
+            tmp.write_bytes(orjson.dumps(state))
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            # A full or read-only disk must not stop the supervisor, and with it every worker: the file is
+            # only for ``gateway status``, which then shows the last state written. Logged once an outage.
+            if not self._state_failing:
+                log.error("state file %s not written (retrying every 2 s): %s", self.state_file, exc)
+                self._state_failing = True
+            return
+        if self._state_failing:
+            log.info("state file %s written again", self.state_file)
+            self._state_failing = False
 
     # -- main loop --------------------------------------------------------------------------------
     @staticmethod
@@ -279,9 +305,42 @@ class Supervisor:
                 self.drain()
                 return 1
             self._restart_due()
+            self._replace_hung()
             if time.monotonic() - last_state > 2.0:
                 self.write_state()
                 last_state = time.monotonic()
+
+    def _replace_hung(self) -> None:
+        """SIGKILL every worker whose heartbeat is older than the timeout; reaping then respawns it like
+        any dead worker. A stopped or wedged worker still holds its listener, and the kernel keeps handing
+        it its share of new connections, which would time out: replacing it is what serves them."""
+        if self.heartbeat is None or self.heartbeat_timeout <= 0:
+            return
+        now = time.monotonic()
+        for spec in self.specs:
+            if not spec.pid or spec.heartbeat_slot is None or spec.killed_hung:
+                continue
+            beat = self.heartbeat(spec.heartbeat_slot, spec.pid)
+            if beat is None:  # not serving yet: the first beat has its own allowance
+                silent = now - spec.started_at
+                allowed = max(FIRST_BEAT_WITHIN, self.heartbeat_timeout)
+            else:
+                silent, allowed = now - beat, self.heartbeat_timeout
+            if silent <= allowed:
+                continue
+            log.error(
+                "%s worker %s pid=%d missed its heartbeat for %.1fs (timeout %.1fs): killing it",
+                spec.kind,
+                spec.name,
+                spec.pid,
+                silent,
+                allowed,
+            )
+            try:
+                os.kill(spec.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            spec.killed_hung = True
 
     def signal_kind(self, kind: str, sig: int) -> None:
         for spec in self.specs:

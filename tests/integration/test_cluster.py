@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -168,6 +169,45 @@ def test_usage_from_every_proxy_lands_once(cluster: Cluster) -> None:
     time.sleep(0.5)
     got = cluster.records()
     assert len(got) == len(set(got)) == 62  # the two probes above, and the sixty
+
+
+def test_kill_9_of_a_proxy_host_s_supervisor_loses_no_usage(
+    cluster: Cluster, mock_engine: MockEngine
+) -> None:
+    """Its workers get SIGTERM from the kernel; the control slot ships records until the proxies, still
+    finishing their requests, have all gone."""
+    key = cluster.cli("keys", "create", "--principal", "alice")
+    host = cluster.proxies[0]
+    wait_until(lambda: chat(host, key).status_code == 200, timeout=5, what="key live")
+    pids = host.worker_pids("control") + host.worker_pids()
+    mock_engine.configure(delay=0.05)  # so that requests are in flight when the supervisor dies
+    answers: list[httpx.Response] = []
+
+    def one(_: int) -> None:
+        try:
+            answers.append(chat(host, key))
+        except httpx.HTTPError:
+            pass  # sent after the listeners closed: never served, never recorded
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(one, i) for i in range(200)]
+        wait_until(lambda: len(answers) >= 40, timeout=30, what="requests served")
+        host.proc.send_signal(signal.SIGKILL)
+        for f in futures:
+            f.result()
+    served = {r.headers["x-request-id"] for r in answers if r.status_code == 200}
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout=40, what="the host's workers gone")
+    wait_until(lambda: served <= set(cluster.records()), timeout=10, what="every served request stored")
+    got = cluster.records()
+    assert len(got) == len(set(got))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_proxies_outlive_the_control_plane(cluster: Cluster) -> None:

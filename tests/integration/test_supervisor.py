@@ -227,6 +227,7 @@ def test_status_shows_workers_and_backends(tmp_path: Path, mock_engine: MockEngi
         out = gw.cli("status").stdout
         assert "role=all" in out and "source=local store" in out
         assert out.count("in_flight=") >= 3  # two workers and the backend
+        assert out.count("heartbeat=") == 2  # each proxy worker's, seconds ago
         for name in ("control", "proxy-1", "proxy-2"):
             assert name in out
     finally:

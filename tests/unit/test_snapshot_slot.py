@@ -70,3 +70,18 @@ def test_forked_reader_sees_publications(segment: Segment) -> None:
     pub.publish(b"second", revision=2)
     os.waitpid(pid, 0)
     assert os.read(r, 100) == b"second"
+
+
+def test_store_state_is_said_with_its_reason_and_cleared(segment: Segment) -> None:
+    pub, reader = SnapshotPublisher(segment.buf), SnapshotReader(segment.buf)
+    assert reader.store_state() == (False, 0.0, "")
+    pub.set_store_state(True, "store error: database or disk is full")
+    failing, since, reason = reader.store_state()
+    assert failing and since > 0 and reason == "store error: database or disk is full"
+    pub.publish(b"doc", revision=1)  # publications leave it alone
+    assert reader.store_state()[0]
+    pub.set_store_state(True, "é" * 2000)  # cut to the reserved bytes, decoded without failing
+    assert len(reader.store_state()[2].encode()) <= 1024
+    pub.set_store_state(False)
+    assert reader.store_state() == (False, 0.0, "")
+    assert reader.read() == (1, b"doc")
