@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from gateway.budget import check_period
 from gateway.controlplane.problems import Problems
 from gateway.controlplane.routing_config import (
+    BACKEND_FLOW_FIELDS,
     PoolSpec,
     RuleSpec,
     check_routing,
@@ -320,12 +321,7 @@ _BACKEND_FIELDS = (
     "connect_timeout",
     "first_byte_timeout",
     "read_timeout",
-    "max_concurrency",
-    "waiting_high_water",
-    "queue_size",
-    "queue_timeout",
-    "health_path",
-    "responses_api",
+    *BACKEND_FLOW_FIELDS,
 )
 _SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
 T = TypeVar("T")
@@ -836,14 +832,7 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines.append(f"connect_timeout = {b.connect_timeout!r}")
         lines.append(f"first_byte_timeout = {b.first_byte_timeout!r}")
         lines.append(f"read_timeout = {b.read_timeout!r}")
-        for key in (
-            "max_concurrency",
-            "waiting_high_water",
-            "queue_size",
-            "queue_timeout",
-            "health_path",
-            "responses_api",
-        ):
+        for key in BACKEND_FLOW_FIELDS:
             value = getattr(b, key)
             if value is not None:
                 lines.append(f"{key} = {toml_value(value)}")
