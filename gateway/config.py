@@ -75,6 +75,9 @@ class Settings:
     client_slots: int = 8192  # bucket pairs the addresses are hashed into
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
     usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
+    # Each usage record carries its route trace (every attempt's backend, outcome and times); on by default
+    route_trace: bool = field(default_factory=lambda: os.environ.get("GATEWAY_ROUTE_TRACE", "1") != "0")
+    recent_requests: int = 1000  # finished requests the control worker keeps in memory (the flight recorder)
     # x-ratelimit-* headers on answers to rate-limited keys; off saves granian's per-header cost
     rate_limit_headers: bool = field(
         default_factory=lambda: os.environ.get("GATEWAY_RATE_LIMIT_HEADERS", "1") != "0"

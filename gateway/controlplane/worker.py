@@ -46,6 +46,7 @@ from gateway.controlplane.commands import apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
+from gateway.controlplane.requests_view import FlightRecorder, live_requests
 from gateway.controlplane.retention import Purger
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
@@ -55,6 +56,7 @@ from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
+from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
 from gateway.usage_record import UsageRecord
 
@@ -123,6 +125,7 @@ class ControlWorker:
             BucketTable(self.shared.buckets),
             self.shared.epoch,
             refresh_interval=settings.budget_refresh_interval,
+            recent=settings.recent_requests,
         )
         if settings.access_log:
             self.sink.access_log = _write_stdout
@@ -314,6 +317,16 @@ class ControlWorker:
         }
         own = host_report(self.settings, self.shared, extra)
         return [own, *(r for r in self.fleet.view() if r.get("host") != own["host"])]
+
+    def recent_requests(self) -> FlightRecorder:
+        assert self.sink is not None
+        return self.sink.recent
+
+    def live_requests(self) -> list[dict[str, Any]]:
+        return live_requests(WorkerStats(self.shared.stats).documents(), time.time())
+
+    def principal_names(self) -> dict[str, str]:
+        return self.sink.principal_names if self.sink is not None else {}
 
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None

@@ -159,6 +159,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="do not record usage per request (also GATEWAY_USAGE_RECORDS=0); budgets still apply",
     )
     p.add_argument(
+        "--no-route-trace",
+        dest="route_trace",
+        action="store_const",
+        const=False,
+        help="leave the route trace (each attempt's backend, outcome and times) out of usage records (also "
+        "GATEWAY_ROUTE_TRACE=0)",
+    )
+    p.add_argument(
+        "--recent-requests",
+        type=int,
+        help="finished requests the control worker keeps in memory for the admin API and UI (1000)",
+    )
+    p.add_argument(
         "--no-rate-limit-headers",
         dest="rate_limit_headers",
         action="store_const",
