@@ -30,6 +30,7 @@ import orjson
 
 from gateway.budget import Budget, window_key
 from gateway.controlplane.metrics import Metrics
+from gateway.controlplane.otel import OtelExporter
 from gateway.controlplane.requests_view import FlightRecorder
 from gateway.controlplane.store import Store
 from gateway.native import BucketTable, UsageRing
@@ -70,6 +71,7 @@ class UsageSink:
     ) -> None:
         self.store = store
         self.recent = FlightRecorder(recent)  # the last finished requests, for the admin API and UI
+        self.exporter: OtelExporter | None = None  # OpenTelemetry export of the sampled records, when on
         self.ring = ring
         self.table = table
         self.epoch = epoch
@@ -124,6 +126,8 @@ class UsageSink:
         self.written += len(records)
         self._fold(new)
         self.recent.add(records)
+        if self.exporter is not None:
+            self.exporter.add(records)
         self.metrics.observe(records, self.principal_names)
         if self.access_log is not None and records:
             names = self.principal_names

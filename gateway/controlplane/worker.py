@@ -46,6 +46,7 @@ from gateway.controlplane.commands import apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
+from gateway.controlplane.otel import OtelExporter
 from gateway.controlplane.requests_view import FlightRecorder, live_requests
 from gateway.controlplane.retention import Purger
 from gateway.controlplane.snapshot_build import build_snapshot_doc
@@ -129,6 +130,12 @@ class ControlWorker:
         )
         if settings.access_log:
             self.sink.access_log = _write_stdout
+        export_task = None
+        if settings.otel_endpoint:
+            exporter = OtelExporter(settings.otel_endpoint, settings.otel_service_name, settings.otel_queue)
+            self.sink.exporter = exporter
+            export_task = loop.create_task(exporter.run())
+            log.info("exporting OpenTelemetry traces to %s", settings.otel_endpoint)
         server = self._start_admin_server()
         scraper = None
         if settings.role == "all" and settings.engine_scrape_interval > 0:
@@ -169,6 +176,8 @@ class ControlWorker:
                 unlisten()
             if scraper is not None:
                 scraper.stop()
+            if export_task is not None:
+                export_task.cancel()
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
@@ -299,7 +308,10 @@ class ControlWorker:
             host["revision"] = self._current[0]
             host["snapshot_age_s"] = round(time.time() - float(self._doc.get("built_at", time.time())), 3)
         assert self.sink is not None
-        return self.sink.metrics.render(host).encode()
+        text = self.sink.metrics.render(host)
+        if self.sink.exporter is not None:
+            text += "\n".join(self.sink.exporter.metrics_lines()) + "\n"
+        return text.encode()
 
     def routing_load(self) -> StaticLoad:
         return host_load(self.shared, list((self._doc or {}).get("backends", {})))

@@ -28,6 +28,7 @@ from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.trace_context import operation_of, sample
 from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
     BadRequest,
@@ -105,6 +106,8 @@ class ProxyApp:
         self.requests = 0
         self.refused: dict[int, int] = {}  # answers the gateway gave itself, by status
         self.started_at = time.time()
+        # The share of requests sampled for OpenTelemetry; 0 when no collector is configured.
+        self.otel_ratio = settings.otel_sample_ratio if settings.otel_endpoint else 0.0
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -337,7 +340,12 @@ class ProxyApp:
         rule = decision.rule
         if rule is not None:
             exchange.rule = rule.name or f"#{rule.index}"
-        trace = exchange.trace = [] if self.settings.route_trace else None
+        span = None
+        if self.otel_ratio:  # OpenTelemetry export on: is this request sampled?
+            span = sample(headers.get("traceparent"), self.otel_ratio)
+            if span is not None:
+                exchange.span = span.ids(operation_of(path), out.dialect)
+        trace = exchange.trace = [] if self.settings.route_trace or span is not None else None
         if out.dialect == "anthropic" and exchange.request_id:
             # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
             exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
@@ -355,7 +363,7 @@ class ProxyApp:
         if exchange.request_id:
             accounting.live[exchange.request_id] = exchange
         try:
-            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope, trace))
+            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope, trace, span))
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None

@@ -40,6 +40,7 @@ from gateway.dataplane.http_client import (
 )
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
@@ -148,14 +149,16 @@ class Forwarder:
         targets: tuple[Target, ...],
         peer: Peer | None = None,
         trace: list[Any] | None = None,
+        span: RequestSpan | None = None,
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded).
         ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
         a streamed answer wait for its client; it is read only by a stream that relayed a window. Each
-        attempt is appended to ``trace`` when given."""
+        attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
+        span id of its own, sent to the engine as ``traceparent``."""
         load = self.load
-        attempt = _Attempt(self, proto, out, len(targets), peer, trace)
+        attempt = _Attempt(self, proto, out, len(targets), peer, trace, span)
         full: list[Target] = []
         for target in targets:
             place = load.enter(target.backend)
@@ -426,6 +429,7 @@ class _Attempt:
         "peer",
         "proto",
         "refusal",
+        "span",
         "status",
         "target",
         "trace",
@@ -440,10 +444,12 @@ class _Attempt:
         count: int,
         peer: Peer | None,
         trace: list[Any] | None = None,
+        span: RequestSpan | None = None,
     ) -> None:
         self.fwd = fwd
         self.peer = peer
         self.trace = trace
+        self.span = span
         self.proto = proto
         self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
@@ -485,13 +491,20 @@ class _Attempt:
             entry = [backend.name, target.provider_model, None, None, None]
             trace.append(entry)
             started = time.perf_counter()
+        headers = up.headers
+        span = self.span
+        if span is not None and entry is not None:  # sampled: this attempt is a child span of the request
+            span_id, traceparent = attempt_header(span)
+            headers = [h for h in headers if h[0].lower() != "traceparent"]
+            headers.append(("traceparent", traceparent))
+            entry += (span_id, round((started - span.started) * 1000.0, 2))
         try:
             try:
                 resp = await fwd.client.request(
                     backend.url,
                     self.out.method,
                     up.path_qs,
-                    up.headers,
+                    headers,
                     up.body,
                     connect_timeout=backend.connect_timeout,
                     first_byte_timeout=backend.first_byte_timeout,
