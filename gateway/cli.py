@@ -187,7 +187,7 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from gateway.controlplane import commands as cp_commands
-    from gateway.controlplane import usage_commands
+    from gateway.controlplane import request_commands, usage_commands
     from gateway.mockengine import commands as mock_commands
     from gateway.supervisor import commands as sup_commands
 
@@ -197,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gateway {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     # Each area adds its subcommands here; a new area is one more register() call.
-    for area in (sup_commands, cp_commands, usage_commands, mock_commands):
+    for area in (sup_commands, cp_commands, usage_commands, request_commands, mock_commands):
         area.register(sub)
     return parser
 

@@ -11,6 +11,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway.errors import ConfigError
+
 __all__ = ["Settings", "load_hash_key"]
 
 
@@ -21,7 +23,10 @@ def _env_int(name: str, default: int) -> int:
 
 def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
-    return float(raw) if raw else default
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,20 @@ class Settings:
     client_slots: int = 8192  # bucket pairs the addresses are hashed into
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
     usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
+    # Each usage record carries its route trace (every attempt's backend, outcome and times); on by default
+    route_trace: bool = field(default_factory=lambda: os.environ.get("GATEWAY_ROUTE_TRACE", "1") != "0")
+    # OpenTelemetry: OTLP/HTTP (protobuf) traces endpoint, e.g. http://collector:4318/v1/traces; None: off
+    otel_endpoint: str | None = field(
+        default_factory=lambda: (
+            os.environ.get("GATEWAY_OTEL_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            or None
+        )
+    )
+    otel_sample_ratio: float = field(default_factory=lambda: _env_float("GATEWAY_OTEL_SAMPLE_RATIO", 1.0))
+    otel_service_name: str = field(default_factory=lambda: os.environ.get("OTEL_SERVICE_NAME", "gateway"))
+    otel_queue: int = 4096  # sampled requests waiting for export at most; more are dropped and counted
+    recent_requests: int = 1000  # finished requests the control worker keeps in memory (the flight recorder)
     # x-ratelimit-* headers on answers to rate-limited keys; off saves granian's per-header cost
     rate_limit_headers: bool = field(
         default_factory=lambda: os.environ.get("GATEWAY_RATE_LIMIT_HEADERS", "1") != "0"

@@ -6,8 +6,17 @@ control worker decodes it and writes it to the store, idempotently by ``request_
 
 A record must fit one ring slot (``RING_SLOT_BYTES`` less the slot's 8-byte header: 1016 bytes). Its
 other fields are bounded (names at most 200 characters, the client's request id at most 128), but a
-routing rule's tag may have up to 500 characters, so ``fit_tag`` cuts the tag — and only the tag — to what
-fits; a record is never refused for its tag.
+routing rule's tag may have up to 500 characters and a route trace one entry per target tried, so
+``fit_record`` first leaves out the middle attempts of a long trace (the first and the last stay, and the
+count of those left out), then cuts the tag; a record is never refused for its trace or its tag.
+
+The route trace (version 6) is a list of attempts, each ``[backend, provider_model, outcome, ttfb_ms,
+duration_ms]``: ``outcome`` is the HTTP status the backend answered, or why there was no answer
+(``ATTEMPT_OUTCOMES``), null when the client went away first; an attempt's outcome is why the next one
+was tried. A sampled request's attempts add ``span_id, start_ms`` (OpenTelemetry). An entry that is a
+plain integer stands for that many attempts left out to fit. ``rule`` names the routing rule that decided
+(``"#N"`` by position when unnamed); ``span`` is the request's OpenTelemetry identity when it was sampled:
+``[trace_id, parent_span_id | None, span_id, operation, dialect]``.
 """
 
 from __future__ import annotations
@@ -18,12 +27,14 @@ from typing import Any, NamedTuple
 import orjson
 
 __all__ = [
+    "ATTEMPT_OUTCOMES",
     "VERSION",
     "UsageRecord",
     "access_line",
     "decode_record",
     "encode_fields",
     "encode_record",
+    "fit_record",
     "fit_tag",
     "record_from_values",
     "records_from_values",
@@ -31,7 +42,12 @@ __all__ = [
     "to_unsigned64",
 ]
 
-VERSION = 5  # 2 added client_request_id, 3 attempts, 4 tag, 5 cut; older records (a spool's) still decode
+VERSION = 6  # 2 client_request_id, 3 attempts, 4 tag, 5 cut, 6 rule/trace/span; older ones (a spool) decode
+
+# Why an attempt gave no HTTP answer: no connection, no response headers in time, the connection failed
+# otherwise, the target's protocol cannot carry the request (not sent), its flow-control gate was full
+# (passed over); "cut": the backend failed after the answer had started.
+ATTEMPT_OUTCOMES = ("connect", "timeout", "error", "unsupported", "full", "cut")
 
 
 class UsageRecord(NamedTuple):
@@ -60,10 +76,21 @@ class UsageRecord(NamedTuple):
     # the client went away first, "upstream" when the backend's stream broke off. ``status`` stays what
     # the client was sent.
     cut: str | None = None
+    rule: str | None = None  # the routing rule that decided, if a rule did (version 6)
+    trace: list[Any] | None = None  # the route trace: one entry per attempt (see the module's docstring)
+    span: list[Any] | None = None  # OpenTelemetry ids when the request was sampled
 
     def row(self) -> tuple[Any, ...]:
-        """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores."""
-        return (*self[:15], to_signed64(self.budget_key), *self[16:])
+        """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores and the
+        trace and span as JSON text."""
+        trace, span = self.trace, self.span
+        return (
+            *self[:15],
+            to_signed64(self.budget_key),
+            *self[16:21],
+            None if trace is None else orjson.dumps(trace).decode(),
+            None if span is None else orjson.dumps(span).decode(),
+        )
 
 
 def encode_record(record: UsageRecord) -> bytes:
@@ -75,7 +102,7 @@ def encode_fields(*fields: Any) -> bytes:
     return orjson.dumps((VERSION, *fields))
 
 
-_STR, _INT, _NUM = frozenset({str}), frozenset({int}), frozenset({int, float})
+_STR, _INT, _NUM, _LIST = frozenset({str}), frozenset({int}), frozenset({int, float}), frozenset({list})
 _NONE = frozenset({type(None)})
 # Exact types per field (bool is not an int here); a set with NoneType for the nullable ones.
 _TYPES = (
@@ -99,6 +126,9 @@ _TYPES = (
     _INT,  # attempts (version 3)
     _STR | _NONE,  # tag (version 4)
     _STR | _NONE,  # cut (version 5)
+    _STR | _NONE,  # rule (version 6)
+    _LIST | _NONE,  # trace (version 6)
+    _LIST | _NONE,  # span (version 6)
 )
 
 
@@ -111,25 +141,28 @@ def decode_record(data: bytes) -> UsageRecord:
     return record_from_values(values)
 
 
-# Every allowed combination of field types, so a record is checked with one lookup (192 combinations).
+# Every allowed combination of field types, so a record is checked with one lookup (1536 combinations).
 _SIGNATURES = frozenset(itertools.product(*_TYPES))
-_new = tuple.__new__  # a record from exactly its 20 fields, without ``_make``'s Python frame
+_new = tuple.__new__  # a record from exactly its 23 fields, without ``_make``'s Python frame
 
 
 def record_from_values(values: Any) -> UsageRecord:
     """The record of an already decoded JSON array (``[version, *fields]``); ValueError otherwise."""
     if type(values) is not list:
         raise ValueError("a usage record is a JSON array")
-    if len(values) == len(_TYPES) + 1 and values[0] == VERSION:
+    n = len(_TYPES)
+    if len(values) == n + 1 and values[0] == VERSION:
         fields = values[1:]
-    elif len(values) == len(_TYPES) and values[0] == 4:
-        fields = [*values[1:], None]
-    elif len(values) == len(_TYPES) - 1 and values[0] == 3:
-        fields = [*values[1:], None, None]
-    elif len(values) == len(_TYPES) - 2 and values[0] == 2:
-        fields = [*values[1:], 1, None, None]
-    elif len(values) == len(_TYPES) - 3 and values[0] == 1:
-        fields = [*values[1:], None, 1, None, None]
+    elif len(values) == n - 2 and values[0] == 5:
+        fields = [*values[1:], None, None, None]
+    elif len(values) == n - 3 and values[0] == 4:
+        fields = [*values[1:], None, None, None, None]
+    elif len(values) == n - 4 and values[0] == 3:
+        fields = [*values[1:], None, None, None, None, None]
+    elif len(values) == n - 5 and values[0] == 2:
+        fields = [*values[1:], 1, None, None, None, None, None]
+    elif len(values) == n - 6 and values[0] == 1:
+        fields = [*values[1:], None, 1, None, None, None, None, None]
     else:
         raise ValueError(f"not a usage record of version 1 to {VERSION}")
     if tuple(map(type, fields)) not in _SIGNATURES:
@@ -168,6 +201,30 @@ def records_from_values(batch: list[Any]) -> list[UsageRecord] | None:
     return list(map(_new, itertools.repeat(UsageRecord), zip(*columns, strict=True)))
 
 
+def fit_record(data: bytes, limit: int) -> bytes:
+    """The encoded record ``data`` in at most ``limit`` bytes: the middle attempts of its route trace left
+    out (an integer entry counts them), then its tag cut (``fit_tag``), then the trace left out whole.
+    ``data`` itself when it fits."""
+    if len(data) <= limit:
+        return data
+    values = orjson.loads(data)
+    trace = values[_TRACE] if len(values) > _TRACE else None
+    if isinstance(trace, list) and len(trace) > 2:
+        last, omitted = trace[-1], 0
+        body = trace[1:-1]
+        while body and len(data) > limit:
+            dropped = body.pop()
+            omitted += dropped if type(dropped) is int else 1
+            values[_TRACE] = [trace[0], *body, omitted, last]
+            data = orjson.dumps(values)
+    data = fit_tag(data, limit)
+    if len(data) > limit and trace is not None:
+        values = orjson.loads(data)
+        values[_TRACE] = None
+        data = orjson.dumps(values)
+    return data
+
+
 def fit_tag(data: bytes, limit: int) -> bytes:
     """The encoded record ``data`` in at most ``limit`` bytes, by cutting its tag at a character boundary
     (the tag becomes None when not one character fits). ``data`` itself when it fits or has no tag; a
@@ -188,6 +245,7 @@ def fit_tag(data: bytes, limit: int) -> bytes:
 
 
 _TAG = 1 + UsageRecord._fields.index("tag")  # where the tag is in an encoded record (after the version)
+_TRACE = 1 + UsageRecord._fields.index("trace")
 
 
 def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
@@ -215,6 +273,10 @@ def access_line(record: UsageRecord, principal: str | None = None) -> bytes:
         line["tag"] = record.tag
     if record.cut is not None:
         line["cut"] = record.cut
+    if record.rule is not None:
+        line["rule"] = record.rule
+    if record.trace is not None and record.attempts > 1:
+        line["trace"] = record.trace  # only after a failover: what an operator reads the log for
     return orjson.dumps(line, option=orjson.OPT_APPEND_NEWLINE)
 
 

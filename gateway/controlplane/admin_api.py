@@ -24,6 +24,9 @@ GET /admin/usage       usage per principal/model/key/backend,  ``usage:read``
                        and per minute/hour/day (``?bucket=``),
                        as JSON or CSV (``?format=csv``)
 GET /admin/budgets     spend against each budget               ``usage:read``
+GET /admin/requests    in flight per worker, and the last      ``usage:read``
+                       finished ones with their route traces
+GET /admin/requests/ID  one request by its x-request-id        ``usage:read``
 GET /admin/audit       the audit log, newest first             ``config:read``
 GET /admin/fleet       hosts, workers, backends (reports)      ``config:read``
 GET /admin/openapi.json  this API as OpenAPI 3.1               (none)
@@ -66,6 +69,7 @@ from gateway.controlplane.configfile import (
     parse_timestamp,
 )
 from gateway.controlplane.dry_run import SnapshotCache, dry_run
+from gateway.controlplane.requests_view import FlightRecorder, request_doc
 from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import (
     MANAGED_BY_API,
@@ -102,6 +106,12 @@ class AdminContext(Protocol):
     def fleet_view(self) -> list[dict[str, Any]]: ...
 
     def routing_load(self) -> Load: ...
+
+    def recent_requests(self) -> FlightRecorder: ...
+
+    def live_requests(self) -> list[dict[str, Any]]: ...
+
+    def principal_names(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +162,20 @@ ROUTES: tuple[Route, ...] = (
         "GET", "/admin/usage", "usage:read", "usage", "Usage totals by principal, model, key, backend or tag"
     ),
     Route("GET", "/admin/budgets", "usage:read", "budgets", "Spend against every budget, current period"),
+    Route(
+        "GET",
+        "/admin/requests",
+        "usage:read",
+        "requests",
+        "Requests in flight on every worker, and the last finished ones with their route traces",
+    ),
+    Route(
+        "GET",
+        "/admin/requests/{id}",
+        "usage:read",
+        "request_one",
+        "One finished request by the x-request-id its client got: usage, rule and route trace",
+    ),
     Route("GET", "/admin/audit", "config:read", "audit", "The audit log of configuration writes"),
     Route("GET", "/admin/fleet", "config:read", "fleet", "Hosts, workers and backends, from recent reports"),
     Route(
@@ -505,6 +529,45 @@ class AdminApi:
             return _ok(budget_report(self.ctx.store, time.time()))
         except StoreError as exc:
             raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+
+    def requests(
+        self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes
+    ) -> Reply:
+        raw = _one(query, "limit") or "50"
+        if not raw.isdigit() or not 0 < int(raw) <= 1000:
+            raise BadRequest("limit must be an integer in 1..1000", param="limit")
+        status = _one(query, "status")
+        if status is not None and status != "error" and not (status.isdigit() and len(status) == 3):
+            raise BadRequest("status must be an HTTP status or 'error'", param="status")
+        failover = _one(query, "failover") in ("1", "true")
+        recorder = self.ctx.recent_requests()
+        names = self.ctx.principal_names()
+        recent = recorder.latest(int(raw), model=_one(query, "model"), status=status, failover=failover)
+        live = self.ctx.live_requests()
+        for item in live:
+            item["principal"] = names.get(str(item.get("principal_id")))
+        return _ok(
+            {
+                "live": live,
+                "recent": [request_doc(r, names) for r in recent],
+                "recorder_size": recorder.records.maxlen,
+            }
+        )
+
+    def request_one(self, _caller: Caller, params: dict[str, str], _query: Any, _body: bytes) -> Reply:
+        wanted = params["id"]
+        found = self.ctx.recent_requests().find(wanted)
+        if not found:
+            try:
+                found = self.ctx.store.usage.find(wanted)
+            except StoreError as exc:
+                raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        if not found:
+            raise NotFound(f"no finished request with id {wanted!r} (in flight, or not recorded)")
+        names = self.ctx.principal_names()
+        doc = request_doc(found[0], names)
+        doc["same_id"] = [r.request_id for r in found[1:]]  # a client that reused its x-request-id
+        return _ok(doc)
 
     def audit(
         self, _caller: Caller, _params: dict[str, str], query: dict[str, list[str]], _body: bytes

@@ -40,7 +40,7 @@ def host_report(
     stats = WorkerStats(shared.stats)
     documents = stats.documents()
     workers = [
-        {k: v for k, v in doc.items() if k not in ("backends", "traffic")} | {"index": index}
+        {k: v for k, v in doc.items() if k not in ("backends", "traffic", "live")} | {"index": index}
         for index, doc in documents
     ]
     backends = sum_backends([doc for _, doc in documents])

@@ -30,6 +30,8 @@ import orjson
 
 from gateway.budget import Budget, window_key
 from gateway.controlplane.metrics import Metrics
+from gateway.controlplane.otel import OtelExporter
+from gateway.controlplane.requests_view import FlightRecorder
 from gateway.controlplane.store import Store
 from gateway.native import BucketTable, UsageRing
 from gateway.usage_record import (
@@ -58,9 +60,18 @@ class _Base:
 
 class UsageSink:
     def __init__(
-        self, store: Store, ring: UsageRing, table: BucketTable, epoch: str, *, refresh_interval: float = 30.0
+        self,
+        store: Store,
+        ring: UsageRing,
+        table: BucketTable,
+        epoch: str,
+        *,
+        refresh_interval: float = 30.0,
+        recent: int = 0,
     ) -> None:
         self.store = store
+        self.recent = FlightRecorder(recent)  # the last finished requests, for the admin API and UI
+        self.exporter: OtelExporter | None = None  # OpenTelemetry export of the sampled records, when on
         self.ring = ring
         self.table = table
         self.epoch = epoch
@@ -114,6 +125,9 @@ class UsageSink:
         new = self.store.usage.insert(records, self._folds if self.bases else None)  # no base: none folds
         self.written += len(records)
         self._fold(new)
+        self.recent.add(records)
+        if self.exporter is not None:
+            self.exporter.add(records)
         self.metrics.observe(records, self.principal_names)
         if self.access_log is not None and records:
             names = self.principal_names

@@ -46,6 +46,8 @@ from gateway.controlplane.commands import apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
+from gateway.controlplane.otel import OtelExporter
+from gateway.controlplane.requests_view import FlightRecorder, live_requests
 from gateway.controlplane.retention import Purger
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
@@ -55,6 +57,7 @@ from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
+from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
 from gateway.usage_record import UsageRecord
 
@@ -123,9 +126,16 @@ class ControlWorker:
             BucketTable(self.shared.buckets),
             self.shared.epoch,
             refresh_interval=settings.budget_refresh_interval,
+            recent=settings.recent_requests,
         )
         if settings.access_log:
             self.sink.access_log = _write_stdout
+        export_task = None
+        if settings.otel_endpoint:
+            exporter = OtelExporter(settings.otel_endpoint, settings.otel_service_name, settings.otel_queue)
+            self.sink.exporter = exporter
+            export_task = loop.create_task(exporter.run())
+            log.info("exporting OpenTelemetry traces to %s", settings.otel_endpoint)
         server = self._start_admin_server()
         scraper = None
         if settings.role == "all" and settings.engine_scrape_interval > 0:
@@ -166,6 +176,8 @@ class ControlWorker:
                 unlisten()
             if scraper is not None:
                 scraper.stop()
+            if export_task is not None:
+                export_task.cancel()
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
@@ -296,7 +308,10 @@ class ControlWorker:
             host["revision"] = self._current[0]
             host["snapshot_age_s"] = round(time.time() - float(self._doc.get("built_at", time.time())), 3)
         assert self.sink is not None
-        return self.sink.metrics.render(host).encode()
+        text = self.sink.metrics.render(host)
+        if self.sink.exporter is not None:
+            text += "\n".join(self.sink.exporter.metrics_lines()) + "\n"
+        return text.encode()
 
     def routing_load(self) -> StaticLoad:
         return host_load(self.shared, list((self._doc or {}).get("backends", {})))
@@ -314,6 +329,16 @@ class ControlWorker:
         }
         own = host_report(self.settings, self.shared, extra)
         return [own, *(r for r in self.fleet.view() if r.get("host") != own["host"])]
+
+    def recent_requests(self) -> FlightRecorder:
+        assert self.sink is not None
+        return self.sink.recent
+
+    def live_requests(self) -> list[dict[str, Any]]:
+        return live_requests(WorkerStats(self.shared.stats).documents(), time.time())
+
+    def principal_names(self) -> dict[str, str]:
+        return self.sink.principal_names if self.sink is not None else {}
 
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None

@@ -8,8 +8,9 @@ the principal's budget, so that the client's next request already meets them. ``
 answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
 one usage record to the control worker. I/O: none (shared memory only).
 
-The request path sets ``Exchange.tag`` to the deciding routing rule's tag; the record carries it, cut to
-what fits the ring's slot (``gateway.usage_record.fit_tag``).
+The request path sets ``Exchange.tag`` and ``Exchange.rule`` from the deciding routing rule, and the
+forwarder appends one entry per attempt to ``Exchange.trace`` (the route trace); the record carries them,
+the trace and tag cut to what fits the ring's slot (``gateway.usage_record.fit_record``).
 
 Tokens counted for a request: what the engine reported; for an answer that ended short (its client went
 away, or its backend broke off: ``ResponseTap.cut``) without the engine's report, an estimate of what was
@@ -25,6 +26,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
@@ -32,7 +34,7 @@ from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import NativeError
 from gateway.snapshot import KeyEntry, Route
-from gateway.usage_record import encode_fields, fit_tag
+from gateway.usage_record import encode_fields, fit_record
 
 __all__ = ["Accounting", "Exchange"]
 
@@ -55,6 +57,9 @@ class Exchange:
     headers: list[tuple[str, str]]
     client_request_id: str | None = None
     tag: str | None = None  # the routing rule's usage tag, set by the request path once decided
+    rule: str | None = None  # the routing rule that decided, by name (``#N`` when it has none)
+    trace: list[Any] | None = None  # the forwarder's attempts (``gateway.usage_record``); None: not traced
+    span: list[Any] | None = None  # OpenTelemetry ids when sampled
     # Set by ``settle``: (prompt, completion, cached, total, source, cost in nano-units, budget window key).
     settled: tuple[int, int, int, int, str, int, int | None] | None = None
 
@@ -65,6 +70,9 @@ class Accounting:
         self.budgets = budgets
         self.usage = usage
         self.max_record = usage.ring.max_record if usage is not None else 0
+        # Requests between dispatch and their record, by request id: what the worker publishes as its
+        # live requests (``live_doc``). One dict store and one pop per request.
+        self.live: dict[str, Exchange] = {}
 
     def admit(
         self,
@@ -142,6 +150,28 @@ class Accounting:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
         ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
 
+    def live_doc(self, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` requests in flight, oldest first, for the worker's statistics slot."""
+        now, wall = time.perf_counter(), time.time()
+        out = []
+        for ex in list(self.live.values())[:limit]:
+            trace = ex.trace
+            last = trace[-1] if trace else None
+            out.append(
+                {
+                    "id": ex.client_request_id or ex.request_id,
+                    "request_id": ex.request_id,
+                    "principal_id": ex.key.principal.id,
+                    "key_id": ex.key.id,
+                    "model": ex.model,
+                    "started_at": wall - (now - ex.started),
+                    "backend": last[0] if isinstance(last, list) else None,
+                    "tries": len(trace) if trace else 0,
+                    "answering": ex.settled is not None or (isinstance(last, list) and type(last[2]) is int),
+                }
+            )
+        return out
+
     def finish(
         self, ex: Exchange, tap: ResponseTap, status: int, backend: str | None, attempts: int = 1
     ) -> None:
@@ -151,6 +181,7 @@ class Accounting:
         if status == CLIENT_GONE and tap.started is not None:
             status = tap.status  # the answer had started: the record keeps what the client was sent
             tap.cut = tap.cut or "client"
+        self.live.pop(ex.request_id, None)
         if ex.settled is None:
             self.settle(ex, tap, status)
         if self.usage is not None:
@@ -177,7 +208,10 @@ class Accounting:
                 attempts,
                 ex.tag,
                 tap.cut,
+                ex.rule,
+                ex.trace,
+                ex.span,
             )
-            if ex.tag is not None and len(record) > self.max_record:
-                record = fit_tag(record, self.max_record)
+            if len(record) > self.max_record:
+                record = fit_record(record, self.max_record)
             self.usage.push(record)

@@ -28,6 +28,7 @@ from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.trace_context import operation_of, sample
 from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
     BadRequest,
@@ -71,6 +72,7 @@ _MESSAGES = "/v1/messages"
 _COUNT_TOKENS = "/v1/messages/count_tokens"
 # OpenAI's Responses API: POST creates; its sub-resources (a stored response) name the model in the query.
 _RESPONSES = "/v1/responses"
+LIVE_LIMIT = 25  # in-flight requests a worker publishes each second (they share a 16 KiB slot)
 
 
 class ProxyApp:
@@ -104,6 +106,8 @@ class ProxyApp:
         self.requests = 0
         self.refused: dict[int, int] = {}  # answers the gateway gave itself, by status
         self.started_at = time.time()
+        # The share of requests sampled for OpenTelemetry; 0 when no collector is configured.
+        self.otel_ratio = settings.otel_sample_ratio if settings.otel_endpoint else 0.0
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -176,6 +180,10 @@ class ProxyApp:
                 else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
             }
+            if self.accounting is not None:
+                document["live"] = self.accounting.live_doc(LIVE_LIMIT)
+                document["live_count"] = len(self.accounting.live)
+                document["published_at"] = time.time()
             limiter = self.accounting.limiter if self.accounting is not None else None
             if limiter is not None and limiter.shares is not None:
                 document["traffic"] = dict(limiter.traffic)
@@ -183,7 +191,9 @@ class ProxyApp:
                 if host:
                     given = orjson.loads(host)
                     limiter.set_shares(given.get("shares", {}), float(given.get("default_share", 1.0)))
-            slots.write(index, orjson.dumps(document))
+            if not slots.write(index, orjson.dumps(document)) and document.get("live"):
+                document["live"] = []  # too many long names for the slot: the counts still go
+                slots.write(index, orjson.dumps(document))
             await asyncio.sleep(1.0)
 
     async def _follow_snapshots(self) -> None:
@@ -327,6 +337,15 @@ class ProxyApp:
             await self.run_guarded(proto, forwarder.forward(proto, out, targets, scope))
             return
         exchange.tag = decision.tag
+        rule = decision.rule
+        if rule is not None:
+            exchange.rule = rule.name or f"#{rule.index}"
+        span = None
+        if self.otel_ratio:  # OpenTelemetry export on: is this request sampled?
+            span = sample(headers.get("traceparent"), self.otel_ratio)
+            if span is not None:
+                exchange.span = span.ids(operation_of(path), out.dialect)
+        trace = exchange.trace = [] if self.settings.route_trace or span is not None else None
         if out.dialect == "anthropic" and exchange.request_id:
             # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
             exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
@@ -341,14 +360,19 @@ class ProxyApp:
         tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
         tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
+        if exchange.request_id:
+            accounting.live[exchange.request_id] = exchange
         try:
-            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope))
+            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope, trace, span))
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None
                 attempts = attempted.attempts
         except GatewayError as exc:
             status = exc.status
+            # The gateway's own answer carries the id too, so the refusal can be looked up.
+            if exchange.request_id:
+                exc.headers["x-request-id"] = exchange.client_request_id or exchange.request_id
             raise
         except RelayAborted:
             status = tap.status

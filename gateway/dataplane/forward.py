@@ -12,6 +12,9 @@ A chunked stream the backend breaks off ends with an error event in the client's
 who cut an answer short (``cut``) so that it is billed for what was relayed. Streams are relayed no faster
 than the client's connection drains beyond a window (``drain``), and so are answers with a large length,
 which are therefore never held whole.
+Each attempt, when the request is traced, appends one entry to the route trace list it was handed
+(``gateway.usage_record``): backend, provider model, the status or why there was none, time to the
+response headers and duration. Two clock reads and one small list per attempt.
 I/O: the upstream request through the worker's ``UpstreamClient``, writes to the client, and (for streams
 past one window) netlink requests about the client's connection.
 """
@@ -37,6 +40,7 @@ from gateway.dataplane.http_client import (
 )
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
@@ -139,19 +143,29 @@ class Forwarder:
         self.load.cool(name, self.cool_down)
 
     async def forward(
-        self, proto: Any, out: Outgoing, targets: tuple[Target, ...], peer: Peer | None = None
+        self,
+        proto: Any,
+        out: Outgoing,
+        targets: tuple[Target, ...],
+        peer: Peer | None = None,
+        trace: list[Any] | None = None,
+        span: RequestSpan | None = None,
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded).
         ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
-        a streamed answer wait for its client; it is read only by a stream that relayed a window."""
+        a streamed answer wait for its client; it is read only by a stream that relayed a window. Each
+        attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
+        span id of its own, sent to the engine as ``traceparent``."""
         load = self.load
-        attempt = _Attempt(self, proto, out, len(targets), peer)
+        attempt = _Attempt(self, proto, out, len(targets), peer, trace, span)
         full: list[Target] = []
         for target in targets:
             place = load.enter(target.backend)
             if place is None:
                 full.append(target)
+                if trace is not None:
+                    trace.append([target.backend.name, target.provider_model, "full", None, None])
                 continue
             if await attempt.run(target, place):
                 return attempt.result()
@@ -395,6 +409,13 @@ class _Keepalive:
             self.task.cancel()
 
 
+def _outcome(exc: UpstreamError) -> str:
+    """Why an attempt got no answer, for its route trace entry."""
+    if isinstance(exc, ClientTimeout):
+        return "timeout"
+    return "connect" if str(exc).startswith("cannot connect") else "error"
+
+
 class _Attempt:
     """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
     target fails, the last error, and how many targets were tried."""
@@ -408,14 +429,27 @@ class _Attempt:
         "peer",
         "proto",
         "refusal",
+        "span",
         "status",
         "target",
+        "trace",
         "tries",
     )
 
-    def __init__(self, fwd: Forwarder, proto: Any, out: Outgoing, count: int, peer: Peer | None) -> None:
+    def __init__(
+        self,
+        fwd: Forwarder,
+        proto: Any,
+        out: Outgoing,
+        count: int,
+        peer: Peer | None,
+        trace: list[Any] | None = None,
+        span: RequestSpan | None = None,
+    ) -> None:
         self.fwd = fwd
         self.peer = peer
+        self.trace = trace
+        self.span = span
         self.proto = proto
         self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
@@ -438,9 +472,12 @@ class _Attempt:
         except BaseException:
             fwd.load.leave(backend, place)
             raise
+        trace = self.trace
         if up is None:  # this backend's protocol cannot serve the request: not a try
             fwd.load.leave(backend, place)
             self.last -= 1
+            if trace is not None:
+                trace.append([backend.name, target.provider_model, "unsupported", None, None])
             return False
         self.tries += 1
         self.target = target
@@ -448,13 +485,26 @@ class _Attempt:
         if health is None:
             health = fwd.health[backend.name] = BackendHealth()
         health.in_flight += 1
+        entry: list[Any] | None = None
+        started = 0.0
+        if trace is not None:  # filled in as the attempt goes: a live request shows where it is
+            entry = [backend.name, target.provider_model, None, None, None]
+            trace.append(entry)
+            started = time.perf_counter()
+        headers = up.headers
+        span = self.span
+        if span is not None and entry is not None:  # sampled: this attempt is a child span of the request
+            span_id, traceparent = attempt_header(span)
+            headers = [h for h in headers if h[0].lower() != "traceparent"]
+            headers.append(("traceparent", traceparent))
+            entry += (span_id, round((started - span.started) * 1000.0, 2))
         try:
             try:
                 resp = await fwd.client.request(
                     backend.url,
                     self.out.method,
                     up.path_qs,
-                    up.headers,
+                    headers,
                     up.body,
                     connect_timeout=backend.connect_timeout,
                     first_byte_timeout=backend.first_byte_timeout,
@@ -468,8 +518,13 @@ class _Attempt:
                 if health.fail(f"{type(exc).__name__}: {exc}"):
                     fwd.cool(backend.name, health)
                 self.error = exc
+                if entry is not None:
+                    entry[2] = _outcome(exc)
                 return False
             status = self.status = resp.status
+            if entry is not None:
+                entry[2] = status
+                entry[3] = round((time.perf_counter() - started) * 1000.0, 2)
             if status == 429 or status >= 500:
                 if health.fail(f"HTTP {status}") and status != 429:
                     fwd.cool(backend.name, health)
@@ -490,9 +545,16 @@ class _Attempt:
             proto = self.proto
             if isinstance(proto, ResponseTap):  # the record names the backend even if the client leaves
                 proto.backend, proto.attempts = backend.name, self.tries
-            await fwd._relay(proto, resp, up.translation, self.peer)
+            try:
+                await fwd._relay(proto, resp, up.translation, self.peer)
+            except RelayAborted:
+                if entry is not None:
+                    entry[2] = "cut"
+                raise
             return True
         finally:
+            if entry is not None:
+                entry[4] = round((time.perf_counter() - started) * 1000.0, 2)
             health.in_flight -= 1
             fwd.load.leave(backend, place)
 

@@ -159,6 +159,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="do not record usage per request (also GATEWAY_USAGE_RECORDS=0); budgets still apply",
     )
     p.add_argument(
+        "--no-route-trace",
+        dest="route_trace",
+        action="store_const",
+        const=False,
+        help="leave the route trace (each attempt's backend, outcome and times) out of usage records (also "
+        "GATEWAY_ROUTE_TRACE=0)",
+    )
+    p.add_argument(
+        "--otel-endpoint",
+        help="export OpenTelemetry traces (OTLP/HTTP, protobuf) to this URL, e.g. "
+        "http://collector:4318/v1/traces (env GATEWAY_OTEL_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; off)",
+    )
+    p.add_argument(
+        "--otel-sample-ratio",
+        type=float,
+        help="share of requests without a sampled traceparent that are traced, 0..1 "
+        "(env GATEWAY_OTEL_SAMPLE_RATIO; 1)",
+    )
+    p.add_argument(
+        "--recent-requests",
+        type=int,
+        help="finished requests the control worker keeps in memory for the admin API and UI (1000)",
+    )
+    p.add_argument(
         "--no-rate-limit-headers",
         dest="rate_limit_headers",
         action="store_const",
@@ -230,6 +255,12 @@ def _check_role(settings: Settings) -> Settings | str:
         except (OSError, ssl.SSLError) as exc:
             cert, key = settings.admin_tls_cert, settings.admin_tls_key
             return f"--admin-tls-cert {cert} with --admin-tls-key {key}: {exc.strerror or exc}"
+    if not 0.0 <= settings.otel_sample_ratio <= 1.0:
+        return f"--otel-sample-ratio {settings.otel_sample_ratio} must be between 0 and 1"
+    if settings.otel_endpoint and not settings.otel_endpoint.startswith(("http://", "https://")):
+        return f"--otel-endpoint {settings.otel_endpoint}: an http:// or https:// URL (OTLP/HTTP, protobuf)"
+    if settings.recent_requests < 0:
+        return f"--recent-requests {settings.recent_requests} must be 0 or more"
     if settings.role == "proxy":
         if not settings.control_url:
             return "--role proxy needs --control-url, the control plane's admin URL"

@@ -54,10 +54,18 @@ PAGES = {
     "models": "Models",
     "keys": "Keys & principals",
     "usage": "Usage",
+    "requests": "Requests",
     "audit": "Audit log",
 }
 # What shows that a page finished loading (the element a table or its empty note carries).
-LOADED = {"fleet": "#hosts", "models": "#models", "keys": "#keys", "usage": "#budgets", "audit": "#audit"}
+LOADED = {
+    "fleet": "#hosts",
+    "models": "#models",
+    "keys": "#keys",
+    "usage": "#budgets",
+    "requests": "#recent-requests",
+    "audit": "#audit",
+}
 WRITE_CONTROLS = "main .write, main #create-key, main #principal-editor, main .revoke"
 WRITES = [
     ("POST", "/admin/keys", '{"principal": "alice"}'),
@@ -263,7 +271,8 @@ def test_sign_in_create_a_key_use_it_see_its_usage_and_revoke_it(
 
 
 @pytest.mark.parametrize(
-    ("who", "visible"), [("finance", {"usage"}), ("viewer", {"fleet", "models", "keys", "audit"})]
+    ("who", "visible"),
+    [("finance", {"usage", "requests"}), ("viewer", {"fleet", "models", "keys", "audit"})],
 )
 def test_each_page_honours_the_session_s_permissions(
     page: Any, site: Site, shot: Callable[[str], Path], who: str, visible: set[str]
@@ -291,6 +300,38 @@ def test_each_page_honours_the_session_s_permissions(
             [method, path, body, csrf],
         )
         assert status == 403, (who, method, path, status)
+
+
+def test_the_requests_page_lists_finished_requests_and_shows_a_route_trace(
+    page: Any, site: Site, shot: Callable[[str], Path]
+) -> None:
+    r = httpx.post(
+        site.gw.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        headers={"authorization": f"Bearer {site.keys[XSS_PRINCIPAL]}", "x-request-id": "ui-trace-1"},
+        timeout=10,
+    )
+    assert r.status_code == 200
+    sign_in(page, site, "finance")
+    page.goto(site.admin + "/ui/#/requests")
+    expect(page.locator("main h1")).to_have_text("Requests")
+    row = page.locator("#recent-requests tbody tr", has_text="ui-trace-1")
+    expect(row).to_have_count(1, timeout=15_000)  # the page refreshes every 3 s
+    assert XSS_PRINCIPAL in row.inner_text()  # the odd name as text
+    expect(page.locator("#live-requests")).to_contain_text("No request in flight")
+    row.locator("a").click()
+    detail = page.locator("#request-detail")
+    expect(detail).to_have_attribute("data-request", "ui-trace-1")
+    expect(detail).to_contain_text(r.headers["x-gateway-request-id"])
+    trace = cells(page, "#route-trace")
+    assert len(trace) == 1 and trace[0][1:4] == ["a", "pm-a", "200"], trace
+    assert trace[0][4].endswith(" ms") and trace[0][6] == "—"
+    shot("requests")
+    # Looked up by id, from the form.
+    page.fill("#request-id", "no-such-request")
+    page.click("#request-lookup button[type=submit]")
+    expect(page.locator("#request-detail-box .error")).to_contain_text("no finished request")
+    no_markup_ran(page)
 
 
 def test_principals_are_edited_in_place(page: Any, site: Site) -> None:

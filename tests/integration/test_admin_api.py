@@ -78,7 +78,9 @@ def admin(tmp_path: Path, mock_engine: MockEngine) -> Iterator[Admin]:
 
 
 def _concrete(path: str) -> str:
-    return path.replace("{key}", "no-such-key").replace("{name}", "no-such-name")
+    return (
+        path.replace("{key}", "no-such-key").replace("{name}", "no-such-name").replace("{id}", "no-such-id")
+    )
 
 
 def test_every_route_checks_its_permission(admin: Admin) -> None:

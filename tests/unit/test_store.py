@@ -290,6 +290,24 @@ def test_usage_tags_are_stored_and_grouped_also_for_rows_from_before_them(settin
         assert {(g.group, g.requests) for g in hourly} == {("-", 1), ("red-team", 2), ("x" * 500, 1)}
 
 
+def test_route_traces_are_stored_and_found_by_either_request_id(settings: Settings) -> None:
+    trace = [["a", "m-a", "connect", None, 1.5], ["b", "m-b", 200, 3.25, 10.0]]
+    span = ["0af7651916cd43dd8448eb211c80319c", None, "b7ad6b7169203331", ["00f067aa0ba902b7"]]
+    traced = _usage(1)._replace(attempts=2, rule="big", trace=trace, span=span, client_request_id="mine")
+    again = _usage(2)._replace(client_request_id="mine")  # a client reusing its id
+    with open_store(settings) as store:
+        store.usage.insert([traced, again, _usage(3)])
+        assert store.usage.find("req-1") == [traced]
+        assert store.usage.find("mine") == [again, traced]  # newest first
+        assert store.usage.find("req-3")[0].trace is None
+        assert store.usage.find("nothing") == []
+        assert {r.request_id: r.rule for r in store.usage.records()} == {
+            "req-1": "big",
+            "req-2": None,
+            "req-3": None,
+        }
+
+
 @pytest.mark.parametrize(
     "sql",
     [

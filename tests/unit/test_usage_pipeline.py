@@ -33,6 +33,7 @@ from gateway.usage_record import (
     decode_record,
     encode_fields,
     encode_record,
+    fit_record,
     fit_tag,
     records_from_values,
     to_signed64,
@@ -96,15 +97,19 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 
 
 def test_record_round_trip() -> None:
+    trace = [["a", "m-a", "connect", None, 1.5], ["b", "m-b", 200, 3.25, 10.0]]
+    span = ["0af7651916cd43dd8448eb211c80319c", None, "b7ad6b7169203331", "chat", "openai"]
     r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team", cut="client")
-    assert orjson.loads(encode_record(r))[0] == 5
+    r = r._replace(rule="big-prompts", trace=trace, span=span)
+    assert orjson.loads(encode_record(r))[0] == 6
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_fields(*r)) == r
     assert decode_record(encode_record(r._replace(tag=None))).tag is None
     assert decode_record(encode_record(r._replace(cut=None))).cut is None
     row = r.row()
-    assert row[-5] == -5 and to_unsigned64(row[-5]) == 2**64 - 5
-    assert row[-4:] == ("trace-7", 2, "red-team", "client")
+    assert row[-8] == -5 and to_unsigned64(row[-8]) == 2**64 - 5
+    assert row[-7:-3] == ("trace-7", 2, "red-team", "client") and row[-3] == "big-prompts"
+    assert orjson.loads(row[-2]) == trace and orjson.loads(row[-1]) == span
 
 
 def test_older_records_still_decode() -> None:
@@ -114,12 +119,15 @@ def test_older_records_still_decode() -> None:
     assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None, cut=None)
     assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None, cut=None)
     assert decode_record(orjson.dumps([4, *r[:19]])) == r._replace(cut=None)
+    assert decode_record(orjson.dumps([5, *r[:20]])) == r  # no rule, trace nor span
     with pytest.raises(ValueError):
         decode_record(orjson.dumps([3, *r[:19]]))  # a version 3 record has no tag
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([4, *r]))  # a version 4 record has no cut
+        decode_record(orjson.dumps([4, *r[:20]]))  # a version 4 record has no cut
     with pytest.raises(ValueError):
         decode_record(orjson.dumps([5, *r[:19]]))  # and a version 5 record has one, if only null
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([6, *r[:20]]))  # a version 6 record has a trace, if only null
 
 
 def longest(tag: str | None) -> UsageRecord:
@@ -295,7 +303,7 @@ def test_a_batch_decodes_as_its_records() -> None:
     assert records_from_values([]) == []
     older = orjson.loads(orjson.dumps([3, *records[0][:18]]))
     assert records_from_values([*batch, older]) is None  # an older version: one by one
-    for version in (4, 6):  # a version 4 record has no cut; there is no version 6
+    for version in (4, 5, 7):  # a version 4 record has no cut, 5 no trace; there is no version 7
         assert records_from_values([*batch, [version, *batch[0][1:]]]) is None
 
 
@@ -659,3 +667,24 @@ def test_a_full_bucket_table_loses_no_answer_and_no_record() -> None:
     (data,) = ring.read(0)
     record = decode_record(data)
     assert (record.total_tokens, record.budget_key) == (7, None)  # the store carries the spend instead
+
+
+def test_a_long_route_trace_keeps_its_first_and_last_attempts() -> None:
+    """Many failovers over long backend names: the middle attempts are left out (and counted) so the
+    record fits its ring slot; the first attempt (where routing sent it) and the last (who answered) stay."""
+    limit = RING_SLOT_BYTES - 8
+    trace = [["b" * 40 + f"{i:02d}", "m" * 20, 503, 1.25, 2.5] for i in range(12)]
+    record = rec(1, attempts=12, tag="t" * 300)._replace(rule="r" * 50, trace=trace)
+    data = encode_record(record)
+    assert len(data) > limit
+    got = decode_record(fit_record(data, limit))
+    assert len(encode_record(got)) <= limit
+    assert got.trace is not None and got.trace[0] == trace[0] and got.trace[-1] == trace[-1]
+    omitted = got.trace[-2]
+    assert type(omitted) is int and omitted == len(trace) - len(got.trace) + 1
+    assert got._replace(trace=None, tag=None) == record._replace(trace=None, tag=None)
+    short = encode_record(record._replace(trace=trace[:2], tag=None))
+    assert fit_record(short, limit) is short
+    # Nothing else left to cut: the trace goes whole, the record still goes.
+    two = encode_record(longest(None)._replace(trace=[["b" * 200, "m" * 200, 503, 1.0, 2.0]] * 2))
+    assert decode_record(fit_record(two, limit)).trace is None

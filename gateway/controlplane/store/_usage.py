@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter
+from typing import Any
+
+import orjson
 
 from gateway.controlplane.store._driver import Driver
 from gateway.usage_record import UsageRecord, to_unsigned64
@@ -20,12 +22,12 @@ __all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
-    "client_request_id, attempts, tag, cut"
+    "client_request_id, attempts, tag, cut, rule, trace, span"
 )
-_WIDTH = 20  # columns, as many as a record has fields
+_WIDTH = 23  # columns, as many as a record has fields
 _ROW = f"({', '.join(['?'] * _WIDTH)})"
 # Rows per INSERT: one statement of many rows binds and steps once per statement rather than once per row
-# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 320 parameters, under every driver's limit.
+# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 368 parameters, under every driver's limit.
 _ROWS_PER_INSERT = 16
 
 
@@ -38,8 +40,7 @@ def _insert(rows: int) -> str:
 
 _INSERT_MANY = _insert(_ROWS_PER_INSERT)
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
-_SIGNED, _UNSIGNED = 1 << 63, 1 << 64  # budget keys from 2**63 up are stored less 2**64 (signed 64-bit)
-_budget_key = attrgetter("budget_key")
+_row = UsageRecord.row
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +79,9 @@ class UsageStore:
         if not records:
             return []
         watched = list(filter(watch, records)) if watch is not None else []
-        # The rows as exact tuples (sqlite3 binds those fastest): a record's own values, unless its budget
-        # key is one that SQL stores negative (see ``UsageRecord.row``).
-        if max(filter(None, map(_budget_key, records)), default=0) < _SIGNED:
-            values = list(chain.from_iterable(records))
-        else:
-            values = list(
-                chain.from_iterable(
-                    r if (k := r.budget_key) is None or k < _SIGNED else (*r[:15], k - _UNSIGNED, *r[16:])
-                    for r in records
-                )
-            )
+        # The rows as exact tuples (sqlite3 binds those fastest): a record's own values with its trace as
+        # JSON text, and its budget key as SQL stores it (see ``UsageRecord.row``).
+        values = list(chain.from_iterable(map(_row, records)))
         width = _WIDTH * _ROWS_PER_INSERT
         whole = len(values) - len(values) % width
         with self._driver.transaction(write=True) as tx:
@@ -208,7 +201,24 @@ class UsageStore:
             params.append(principal_id)
         with self._driver.transaction(write=False) as tx:
             rows = tx.query(sql + " ORDER BY ts DESC, request_id LIMIT ?", [*params, limit])
-        return [
-            UsageRecord(*[*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18], r[19]])
-            for r in rows
-        ]
+        return [_record(r) for r in rows]
+
+    def find(self, request_id: str) -> list[UsageRecord]:
+        """The records of the request with this id: the gateway's own, or the client's ``x-request-id``
+        (which several requests may share), newest first."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                f"SELECT {_COLUMNS} FROM usage_records WHERE request_id = ? "
+                f"UNION ALL SELECT {_COLUMNS} FROM usage_records WHERE client_request_id = ? "
+                "AND request_id <> ? ORDER BY ts DESC LIMIT 20",
+                [request_id, request_id, request_id],
+            )
+        return [_record(r) for r in rows]
+
+
+def _record(r: Sequence[Any]) -> UsageRecord:
+    trace, span = r[21], r[22]
+    values = [*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18], r[19], r[20]]
+    values.append(orjson.loads(trace) if isinstance(trace, str) else None)
+    values.append(orjson.loads(span) if isinstance(span, str) else None)
+    return UsageRecord._make(values)

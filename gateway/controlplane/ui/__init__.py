@@ -44,6 +44,7 @@ ASSETS = (
     "keys.js",
     "usage.js",
     "audit.js",
+    "requests.js",
 )
 
 CSP = (

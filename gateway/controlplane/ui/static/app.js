@@ -9,6 +9,7 @@ import * as fleet from "./fleet.js";
 import * as keys from "./keys.js";
 import * as login from "./login.js";
 import * as models from "./models.js";
+import * as requests from "./requests.js";
 import * as usage from "./usage.js";
 
 // needs: any one of these permissions opens the page.
@@ -17,6 +18,7 @@ const PAGES = [
   { id: "models", title: "Models", page: models, needs: ["config:read"] },
   { id: "keys", title: "Keys & principals", page: keys, needs: ["config:read", "key:create", "key:revoke"] },
   { id: "usage", title: "Usage", page: usage, needs: ["usage:read"] },
+  { id: "requests", title: "Requests", page: requests, needs: ["usage:read"] },
   { id: "audit", title: "Audit log", page: audit, needs: ["config:read"] },
 ];
 
