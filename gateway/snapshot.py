@@ -22,7 +22,9 @@ Document schema (``schema`` = 1)::
                            "model_limits": {"chat": {"rpm": 10}},                         # optional
                            "budget": {"period": "month", "tokens": 10000000, "cost": 50.0}}},  # optional
       "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
-                                                  "limits": {"rpm": 30}}},               # optional
+                                                  "limits": {"rpm": 30},                 # optional
+                                                  "name": "ci", "allow_ips": ["10.0.0.0/8"],  # optional
+                                                  "models": ["chat", "gpt-4o-mini"]}},   # optional
       "pools": {"llama": {"policy": "prefix_affinity", "prefix_bytes": 512, "max_inflight": null,
                           "targets": [["llama-8b", "vllm-a", "meta-llama/...", 1], ...]}},  # weight last
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
@@ -56,6 +58,7 @@ from typing import Any
 import orjson
 
 from gateway.budget import Budget, Price
+from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
 from gateway.routing.plan import Decision, Pool, compile_pools, compile_rules, decide
@@ -198,6 +201,13 @@ class KeyEntry:
     principal: Principal
     expires_at: float | None
     limits: Limits | None = None
+    rules: KeyRules | None = None  # networks and models narrower than the principal's (gateway.key_rules)
+
+    def may_use(self, model: str) -> bool:
+        rules = self.rules
+        return self.principal.may_use(model) and (
+            rules is None or rules.models is None or model in rules.models
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +283,7 @@ class Snapshot:
                 principal=principal,
                 expires_at=None if exp is None else float(exp),
                 limits=Limits.from_doc(f"k:{k['id']}", k.get("limits")),
+                rules=KeyRules.from_doc(k) if "allow_ips" in k or "models" in k else None,
             )
         return cls(
             revision=int(doc["revision"]),

@@ -27,6 +27,7 @@ from gateway.controlplane.routing_config import (
     PoolSpec,
     RuleSpec,
     check_routing,
+    parse_networks,
     parse_pool,
     parse_rules,
 )
@@ -186,6 +187,10 @@ class KeySpec:
     secret: str | None = field(default=None, repr=False)
     expires_at: float | None = None  # unix seconds
     limits: LimitsSpec | None = None
+    # Narrower than the principal: client networks (CIDRs) the key may be used from, and the model names
+    # it may call (None: all its principal's). Kept as a routing entry (routing_config.key_rules_doc).
+    allow_ips: tuple[str, ...] = ()
+    models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -662,7 +667,9 @@ def _principal(p: Problems, place: str, item: dict[str, Any]) -> PrincipalSpec |
 
 
 def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
-    p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at", "limits"))
+    p.unknown_fields(
+        place, item, ("name", "principal", "secret", "expires_at", "limits", "allow_ips", "models")
+    )
     ok = True
     name = _name(p, place, item)
     principal = _name(p, place, item, "principal")
@@ -684,9 +691,18 @@ def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
         before = len(p.lines)
         limits = _limits(p, f"{place}.limits", item["limits"])
         ok = ok and len(p.lines) == before
+    allow_ips: tuple[str, ...] = ()
+    if "allow_ips" in item:
+        networks = parse_networks(p, f"{place}.allow_ips", item["allow_ips"])
+        ok = ok and networks is not None
+        allow_ips = networks or ()
+    models: tuple[str, ...] | None = None
+    if "models" in item:
+        models = _names(p, f"{place}.models", item["models"], required=True)
+        ok = ok and models is not None
     if not ok or name is None or principal is None:
         return None
-    return KeySpec(name, principal, secret, expires_at, limits)
+    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models)
 
 
 def _check_references(
@@ -741,6 +757,9 @@ def _check_references(
     for pl, k in keys:
         if k.principal not in principal_names:
             p.add(f"{pl}.principal", f"unknown principal {k.principal!r}")
+        for i, model in enumerate(k.models or ()):
+            if model not in callable_names:
+                p.add(f"{pl}.models[{i}]", f"unknown model name {model!r}")
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -879,4 +898,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"expires_at = {_toml_str(_rfc3339(k.expires_at))}")
         if k.limits is not None:
             lines.append(f"limits = {_toml_limits(k.limits)}")
+        if k.allow_ips:
+            lines.append(f"allow_ips = {_toml_list(k.allow_ips)}")
+        if k.models is not None:
+            lines.append(f"models = {_toml_list(k.models)}")
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,7 +1,8 @@
 """``POST /admin/routing/dry-run``: where a request would go, decided by the same function the request
 path uses (``Snapshot.decide``) on the snapshot the control plane last built, sending nothing.
 
-The request names the model, optionally the principal (by name: its roles and permissions then count),
+The request names the model, optionally the principal (by name: its roles and permissions then count), a
+key (by name) and the client address it would come from (its ``allow_ips`` and ``models`` then count),
 headers and the JSON body the client would send (as an object, or as its exact text when the bytes
 matter, as they do to prefix affinity). The answer is the decision — the model that decided
 (after delegations), the rule that matched or none (the model's chain), the ordered targets, or the
@@ -67,11 +68,37 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         body,
     )
     decision = snapshot.decide(route, facts, load)
-    return {
+    answer = {
         "called": info.model,
         "allowed": principal.may_use(route.name),
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
+    }
+    if request.get("key") is not None:
+        answer["key"] = _key_decision(
+            snapshot, request["key"], request.get("client_ip"), route.name, info.model
+        )
+    return answer
+
+
+def _key_decision(
+    snapshot: Snapshot, name: Any, client_ip: Any, route_name: str, called: str
+) -> dict[str, Any]:
+    """What a key's own rules (``allow_ips``, ``models``) say of this request from ``client_ip``."""
+    if not isinstance(name, str) or (client_ip is not None and not isinstance(client_ip, str)):
+        raise BadRequest("key must be a key's name, client_ip an address", param="key")
+    rules = next((k.rules for k in snapshot.keys.values() if k.rules and k.rules.name == name), None)
+    if rules is None:  # only keys with rules are named in the snapshot; any other key has none
+        return {"name": name, "rules": None, "refusal": None}
+    refusal = rules.address_refusal(client_ip) if client_ip is not None else None
+    refusal = refusal or rules.model_refusal(route_name, called)
+    return {
+        "name": name,
+        "rules": {
+            "allow_ips": [str(n) for n in rules.networks],
+            "models": None if rules.models is None else sorted(rules.models),
+        },
+        "refusal": refusal,
     }
 
 

@@ -26,6 +26,7 @@ Conditions are listed in ``gateway.routing.rules``; here they keep their file fo
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "RoutingRows",
     "RuleSpec",
     "check_routing",
+    "parse_networks",
     "parse_pool",
     "parse_rules",
     "routing_from_rows",
@@ -185,6 +187,27 @@ def _when(p: Problems, place: str, raw: Any) -> dict[str, Any] | None:
         else:
             out["days"] = [d for d in DAYS if d in days]
     return out
+
+
+MAX_NETWORKS = 256
+
+
+def parse_networks(p: Problems, place: str, raw: Any) -> tuple[str, ...] | None:
+    """A key's ``allow_ips``: CIDRs (or single addresses), normalised (``10.1.2.3/8`` is refused: host bits
+    set is nearly always a typo for a narrower network than the operator meant)."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_NETWORKS:
+        p.add(place, f'must be a non-empty array of at most {MAX_NETWORKS} CIDRs, e.g. ["10.0.0.0/8"]')
+        return None
+    out: list[str] = []
+    for i, value in enumerate(raw):
+        try:
+            out.append(str(ipaddress.ip_network(value, strict=True)) if isinstance(value, str) else "")
+        except ValueError as exc:
+            p.add(f"{place}[{i}]", f"not a network: {exc}")
+            continue
+        if not out[-1]:
+            p.add(f"{place}[{i}]", 'must be a string such as "192.0.2.0/24"')
+    return tuple(out) if len(out) == len(raw) and all(out) else None
 
 
 def parse_rules(p: Problems, place: str, raw: Any) -> tuple[RuleSpec, ...] | None:
@@ -398,6 +421,14 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
             rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
     for pool in cfg.pools:
         rows.append(("pool", pool.name, orjson.dumps(pool.as_dict()).decode()))
+    for k in cfg.keys:
+        if k.allow_ips or k.models is not None:
+            rule: dict[str, Any] = {}
+            if k.allow_ips:
+                rule["allow_ips"] = list(k.allow_ips)
+            if k.models is not None:
+                rule["models"] = list(k.models)
+            rows.append(("key", k.name, orjson.dumps(rule).decode()))
     if cfg.fallback is not None:
         rows.append(("setting", "fallback", orjson.dumps(cfg.fallback).decode()))
     return rows
@@ -410,6 +441,7 @@ class RoutingRows:
     pools: tuple[PoolSpec, ...]
     fallback: str | None
     skipped: list[str]  # "kind name: why" of rows that no longer parse
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models
 
 
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
@@ -419,6 +451,7 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     pools: list[PoolSpec] = []
     fallback: str | None = None
     skipped: list[str] = []
+    keys: dict[str, dict[str, Any]] = {}
     for kind, name, body in rows:
         p = Problems()
         try:
@@ -440,8 +473,19 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
                 pools.append(pool)
         elif kind == "setting" and name == "fallback" and isinstance(value, str):
             fallback = value
+        elif kind == "key" and isinstance(value, dict):
+            p.unknown_fields(name, value, ("allow_ips", "models"))
+            if "allow_ips" in value:
+                parse_networks(p, f"{name}.allow_ips", value["allow_ips"])
+            models = value.get("models")
+            if models is not None and not (
+                isinstance(models, list) and all(isinstance(m, str) for m in models)
+            ):
+                p.add(f"{name}.models", "must be an array of model names")
+            if not p.lines:
+                keys[name] = value
         else:
             p.add(name, f"unknown routing entry kind {kind!r}")
         if p.lines:
             skipped.append(f"{kind} {name}: {'; '.join(p.lines)}")
-    return RoutingRows(backends, rules, tuple(pools), fallback, skipped)
+    return RoutingRows(backends, rules, tuple(pools), fallback, skipped, keys)

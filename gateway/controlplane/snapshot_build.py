@@ -128,7 +128,7 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     # longest pattern, then by name (the store keeps no config order).
     named = sorted((a for names in aliases_of.values() for a in names if is_pattern(a)), key=_specific)
     patterns = {a: routes.pop(a) for a in named}
-    keys = _keys(state, principals, now, skip)
+    keys = _keys(state, principals, now, skip, _key_rules(routing, routes, aliases_of))
     skip.summarise(state.revision)
     doc = {
         "schema": SCHEMA,
@@ -468,11 +468,33 @@ def _principals(
     return out
 
 
+def _key_rules(
+    routing: RoutingRows, routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]]
+) -> dict[str, dict[str, Any]]:
+    """Each restricted key's rules as the document carries them: its networks, and its model list granted
+    the way a role's permissions are (a frontend model brings its aliases; a pattern alias is matched)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, rule in routing.keys.items():
+        entry: dict[str, Any] = {}
+        if rule.get("allow_ips"):
+            entry["allow_ips"] = list(rule["allow_ips"])
+        if rule.get("models") is not None:
+            entry["models"] = _grants(
+                frozenset(_MODEL_PERMISSION + m for m in rule["models"]), routes, aliases_of
+            )[1]
+        out[name] = entry
+    return out
+
+
 def _keys(
-    state: StoreState, principals: dict[str, dict[str, Any]], now: float, skip: _Skips
+    state: StoreState,
+    principals: dict[str, dict[str, Any]],
+    now: float,
+    skip: _Skips,
+    rules: dict[str, dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for key_id, _name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
+    for key_id, name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
         if revoked_at is not None:
             continue
         if pid not in principals:
@@ -500,5 +522,8 @@ def _keys(
         entry: dict[str, Any] = {"id": str(key_id), "principal": pid, "expires_at": expires}
         if limits is not None:
             entry["limits"] = limits
+        if name is not None and name in rules:
+            entry["name"] = name
+            entry.update(rules[name])
         out[key_hash] = entry
     return out

@@ -30,6 +30,7 @@ from gateway.dataplane.forward import Forwarder, RelayAborted
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
+    AddressNotAllowed,
     BadRequest,
     Forbidden,
     GatewayError,
@@ -272,6 +273,11 @@ class ProxyApp:
         snap = self.snapshot
         headers = scope.headers
         key = self.authenticate(snap, headers)
+        key_rules = key.rules
+        if key_rules is not None and key_rules.networks:
+            refusal = key_rules.address_refusal(self.client_address(scope))
+            if refusal is not None:
+                raise AddressNotAllowed(refusal)
         method: str = scope.method
         if path == "/v1/models" and method == "GET":
             proto.response_bytes(200, _JSON, self.models_body(snap, key))
@@ -288,6 +294,8 @@ class ProxyApp:
         # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
         if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        if key_rules is not None and (refusal := key_rules.model_refusal(route.name, info.model)):
+            raise Forbidden(refusal, param="model")
         if path == _COUNT_TOKENS:
             # An Anthropic backend counts for itself, exactly (and reads what it wants of the body); for a
             # route without one the gateway answers its estimate. Neither is rate-limited nor recorded.
@@ -440,17 +448,26 @@ class ProxyApp:
             raise BadRequest("you must provide a model parameter", param="model")
         return inspect_json(body, top_members)
 
+    @staticmethod
+    def client_address(scope: Any) -> str:
+        """The client's address as the socket gives it (``host:port``, IPv6 in brackets)."""
+        client: str = scope.client or ""
+        host = client.rpartition(":")[0] if client.count(":") == 1 or client.startswith("[") else client
+        return host.strip("[]")
+
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
         principal = key.principal
-        cached = self._models_cache.get(principal.id)
+        narrowed = key.rules is not None and key.rules.models is not None
+        memo = "k:" + key.id if narrowed else principal.id
+        cached = self._models_cache.get(memo)
         if cached is None:
-            names = sorted(n for n in snap.routes if principal.may_use(n))
+            names = sorted(n for n in snap.routes if key.may_use(n))
             data = [
                 {"id": n, "object": "model", "created": int(snap.built_at), "owned_by": "gateway"}
                 for n in names
             ]
             cached = orjson.dumps({"object": "list", "data": data})
-            self._models_cache[principal.id] = cached
+            self._models_cache[memo] = cached
         return cached
 
     def forwarder_or_fail(self) -> Forwarder:
