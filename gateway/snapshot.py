@@ -30,15 +30,17 @@ Document schema (``schema`` = 1)::
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
       "alias_patterns": {"claude-*": {"canonical": "chat", "kind": "frontend", "targets": [...]}},
                                          # optional: pattern aliases, routes like the others, in config order
+      "context_windows": {"llama-8b": 8192},  # optional: tokens per provider model (prompt + completion)
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
 
-A frontend route may carry ``"rules"``: ``[{"name", "when": {...}, "action": "route" | "refuse" |
-"delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model], ...]}], "status",
-"message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes ``when``). A backend may carry
-flow-control settings (``max_concurrency``, ``waiting_high_water``, ``queue_size``, ``queue_timeout``),
-``health_path`` and ``responses_api`` (true: it serves ``/v1/responses`` itself); a principal its role
-names (``"roles"``), which rules may test.
+A frontend route may carry ``"context_failover": true`` (an upstream "context length exceeded" 400 may
+fail over to a target with a larger window) and ``"rules"``: ``[{"name", "when": {...}, "action":
+"route" | "refuse" | "delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model],
+...]}], "status", "message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes
+``when``). A backend may carry flow-control settings (``max_concurrency``, ``waiting_high_water``,
+``queue_size``, ``queue_timeout``), ``health_path`` and ``responses_api`` (true: it serves
+``/v1/responses`` itself); a principal its role names (``"roles"``), which rules may test.
 
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
@@ -128,6 +130,7 @@ class Target:
     provider_model: str
     backend: Backend
     upstream_model: str
+    context_window: int | None = None  # tokens, prompt and completion together; None: not declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,8 @@ class Route:
     price: Price | None = None
     rules: tuple[Rule, ...] = ()  # frontend models only (and their aliases): see gateway.routing.rules
     decision: Decision | None = None  # where a request goes when it has no rules and all is up
+    # An upstream "context length exceeded" 400 may fail over to a target with a larger window.
+    context_failover: bool = False
 
     def __post_init__(self) -> None:
         if not self.rules:
@@ -224,6 +229,9 @@ class Snapshot:
     fallback: str | None = None  # the deployment-wide fallback model, when every target is down
     # Aliases such as ``claude-*``: tried when no route has the exact name (gateway.routing.aliases).
     patterns: PatternAliases[Route] = field(default_factory=PatternAliases)
+    # Whether any provider model declares a context window: when none does, the request path makes one
+    # check and never estimates a fit (gateway.routing.context).
+    windows: bool = False
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -249,10 +257,16 @@ class Snapshot:
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"unsupported snapshot schema {doc.get('schema')!r}")
         backends = decode_backends(doc)
-        pools = compile_pools(doc.get("pools") or {}, backends)
-        routes = {name: _route(name, r, backends, pools) for name, r in doc.get("routes", {}).items()}
+        windows = {pm: int(w) for pm, w in (doc.get("context_windows") or {}).items()}
+        pools = compile_pools(doc.get("pools") or {}, backends, windows)
+        routes = {
+            name: _route(name, r, backends, pools, windows) for name, r in doc.get("routes", {}).items()
+        }
         patterns = PatternAliases(
-            [(n, _route(n, r, backends, pools)) for n, r in (doc.get("alias_patterns") or {}).items()]
+            [
+                (n, _route(n, r, backends, pools, windows))
+                for n, r in (doc.get("alias_patterns") or {}).items()
+            ]
         )
         principals = {
             pid: Principal(
@@ -297,14 +311,19 @@ class Snapshot:
             pools=pools,
             fallback=doc.get("fallback"),
             patterns=patterns,
+            windows=bool(windows),
         )
 
 
-def _route(name: str, r: dict[str, Any], backends: dict[str, Backend], pools: dict[str, Pool]) -> Route:
+def _route(
+    name: str,
+    r: dict[str, Any],
+    backends: dict[str, Backend],
+    pools: dict[str, Pool],
+    windows: dict[str, int],
+) -> Route:
     targets = tuple(
-        Target(provider_model=pm, backend=backends[be], upstream_model=um)
-        for pm, be, um in r["targets"]
-        if be in backends
+        Target(pm, backends[be], um, windows.get(pm)) for pm, be, um in r["targets"] if be in backends
     )
     return Route(
         name=name,
@@ -312,5 +331,6 @@ def _route(name: str, r: dict[str, Any], backends: dict[str, Backend], pools: di
         kind=r.get("kind", "frontend"),
         targets=targets,
         price=Price.from_doc(r.get("price")),
-        rules=compile_rules(r.get("rules") or [], backends, pools),
+        rules=compile_rules(r.get("rules") or [], backends, pools, windows),
+        context_failover=bool(r.get("context_failover")),
     )

@@ -126,6 +126,7 @@ class ProviderModelSpec:
     name: str
     backends: tuple[ProviderBackend, ...]
     price: PriceSpec | None = None  # charged when a client calls this provider model by name
+    context_window: int | None = None  # tokens, prompt and completion together (gateway.routing.context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
     rules: tuple[RuleSpec, ...] = ()  # terminal routing rules, first match wins (routing_config)
+    context_failover: bool = False  # an upstream context-length 400 may go on to a larger window
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,9 +493,12 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
 
 
 def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
-    p.unknown_fields(place, item, ("name", "backends", "price"))
+    p.unknown_fields(place, item, ("name", "backends", "price", "context_window"))
     before = len(p.lines)
     name = _name(p, place, item)
+    window = item.get("context_window")
+    if window is not None and (problem := check_limit(window)):
+        p.add(f"{place}.context_window", problem)
     price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
     raw = item.get("backends")
     if raw is None:
@@ -520,11 +525,11 @@ def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderMo
             entries.append(pb)
     if name is None or len(entries) != len(raw) or len(p.lines) > before:
         return None
-    return ProviderModelSpec(name, tuple(entries), price)
+    return ProviderModelSpec(name, tuple(entries), price, window)
 
 
 def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
-    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules"))
+    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules", "context_failover"))
     if isinstance(item.get("aliases"), list):  # even if invalid: see Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
@@ -536,9 +541,12 @@ def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     before = len(p.lines)
     price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
     rules = parse_rules(p, f"{place}.rules", item["rules"]) if "rules" in item else ()
+    failover = item.get("context_failover", False)
+    if not isinstance(failover, bool):
+        p.add(f"{place}.context_failover", "must be true or false")
     if name is None or chain is None or aliases is None or rules is None or len(p.lines) > before:
         return None
-    return ModelSpec(name, chain, aliases, price, rules)
+    return ModelSpec(name, chain, aliases, price, rules, failover)
 
 
 def _routing_table(p: Problems, raw: object) -> str | None:
@@ -862,11 +870,15 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines += ["", "[[provider_models]]", f"name = {_toml_str(pm.name)}", f"backends = [{entries}]"]
         if pm.price is not None:
             lines.append(f"price = {_toml_price(pm.price)}")
+        if pm.context_window is not None:
+            lines.append(f"context_window = {pm.context_window}")
     for m in doc.models:
         lines += ["", "[[models]]", f"name = {_toml_str(m.name)}", f"chain = {_toml_list(m.chain)}"]
         lines.append(f"aliases = {_toml_list(m.aliases)}")
         if m.price is not None:
             lines.append(f"price = {_toml_price(m.price)}")
+        if m.context_failover:
+            lines.append("context_failover = true")
         for rule in m.rules:
             lines += ["", "[[models.rules]]"]
             lines += [f"{k} = {toml_value(v)}" for k, v in rule.as_dict().items()]

@@ -19,7 +19,9 @@ import orjson
 
 from gateway.errors import BadRequest, NotFound
 from gateway.protocol.openai_request import inspect_json
+from gateway.routing.context import fitting, refusal
 from gateway.routing.load import Load
+from gateway.routing.plan import Decision
 from gateway.routing.rules import Facts
 from gateway.snapshot import Principal, Snapshot
 
@@ -74,11 +76,37 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
     }
+    if snapshot.windows and decision.refused is None:
+        answer["context"] = _context_decision(snapshot, decision, facts)
     if request.get("key") is not None:
         answer["key"] = _key_decision(
             snapshot, request["key"], request.get("client_ip"), route.name, info.model
         )
     return answer
+
+
+def _context_decision(snapshot: Snapshot, decision: Decision, facts: Facts) -> dict[str, Any]:
+    """Which targets the request's estimated size fits, as the request path decides it."""
+    wanted = facts.max_tokens or 0
+    needed = facts.prompt_tokens + wanted
+    fit = fitting(decision.targets, needed)
+    decided = snapshot.routes.get(decision.model)
+    return {
+        "needed_tokens": needed,
+        "skipped": [
+            {
+                "backend": t.backend.name,
+                "provider_model": t.provider_model,
+                "context_window": t.context_window,
+            }
+            for t in decision.targets
+            if t not in fit
+        ],
+        "refusal": None
+        if fit
+        else refusal(decision.model, decision.targets, facts.prompt_tokens, wanted).message,
+        "context_failover": decided is not None and decided.context_failover,
+    }
 
 
 def _key_decision(

@@ -416,7 +416,12 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
         flow = {k: getattr(b, k) for k in BACKEND_FLOW_FIELDS if getattr(b, k) is not None}
         if flow:
             rows.append(("backend", b.name, orjson.dumps(flow).decode()))
+    for pm in cfg.provider_models:
+        if pm.context_window is not None:
+            rows.append(("context", pm.name, str(pm.context_window)))
     for m in cfg.models:
+        if m.context_failover:
+            rows.append(("model", m.name, '{"context_failover":true}'))
         if m.rules:
             rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
     for pool in cfg.pools:
@@ -442,6 +447,8 @@ class RoutingRows:
     fallback: str | None
     skipped: list[str]  # "kind name: why" of rows that no longer parse
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models
+    windows: dict[str, int] = field(default_factory=dict)  # provider model -> context window
+    context_failover: frozenset[str] = frozenset()  # frontend models that allow it
 
 
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
@@ -452,6 +459,8 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     fallback: str | None = None
     skipped: list[str] = []
     keys: dict[str, dict[str, Any]] = {}
+    windows: dict[str, int] = {}
+    failover: set[str] = set()
     for kind, name, body in rows:
         p = Problems()
         try:
@@ -473,6 +482,13 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
                 pools.append(pool)
         elif kind == "setting" and name == "fallback" and isinstance(value, str):
             fallback = value
+        elif kind == "context":
+            if _count(p, name, value, minimum=1) is not None:
+                windows[name] = value
+        elif kind == "model" and isinstance(value, dict):
+            p.unknown_fields(name, value, ("context_failover",))
+            if value.get("context_failover") is True:
+                failover.add(name)
         elif kind == "key" and isinstance(value, dict):
             p.unknown_fields(name, value, ("allow_ips", "models"))
             if "allow_ips" in value:
@@ -488,4 +504,4 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
             p.add(name, f"unknown routing entry kind {kind!r}")
         if p.lines:
             skipped.append(f"{kind} {name}: {'; '.join(p.lines)}")
-    return RoutingRows(backends, rules, tuple(pools), fallback, skipped, keys)
+    return RoutingRows(backends, rules, tuple(pools), fallback, skipped, keys, windows, frozenset(failover))

@@ -143,6 +143,12 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     }
     if patterns:
         doc["alias_patterns"] = patterns
+    windows = {pm: w for pm, w in routing.windows.items() if routes.get(pm, {}).get("kind") == "provider"}
+    if windows:
+        doc["context_windows"] = windows
+    for entry in (*routes.values(), *patterns.values()):
+        if entry["kind"] == "frontend" and entry["canonical"] in routing.context_failover:
+            entry["context_failover"] = True
     if routing.fallback is not None:
         if routing.fallback in routes:
             doc["fallback"] = routing.fallback

@@ -45,6 +45,8 @@ from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.protocol.paths import check_client_path
 from gateway.protocol.responses_openai import inspect_request as inspect_responses
+from gateway.routing.context import estimate_prompt_tokens, fitting
+from gateway.routing.context import refusal as context_refusal
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
@@ -318,6 +320,14 @@ class ProxyApp:
             by_rule = decision.rule is not None and decision.rule.action == "refuse"
             raise RoutingRefused(status, message, by_rule=by_rule)
         targets = decision.targets
+        if snap.windows:  # one test when no provider model declares a context window
+            prompt, wanted = estimate_prompt_tokens(body), info.max_tokens or 0
+            fit = fitting(targets, prompt + wanted)
+            if not fit:
+                raise context_refusal(decision.model, targets, prompt, wanted)
+            targets = fit
+            decided = snap.routes.get(decision.model)
+            out.context_failover = decided is not None and decided.context_failover
         accounting = self.accounting
         exchange = None
         if accounting is not None:

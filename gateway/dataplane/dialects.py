@@ -238,6 +238,8 @@ class Outgoing:
     default_max_tokens: int = 4096
     anthropic_version: str = ANTHROPIC_VERSION
     responses: dict[str, Any] | None = None  # the parsed body of a POST /v1/responses
+    # The model allows an upstream "context length exceeded" 400 to fail over (gateway.routing.context).
+    context_failover: bool = False
 
     def prepare(self, target: Target) -> Upstream | None:
         protocol = target.backend.protocol

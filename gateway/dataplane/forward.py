@@ -40,6 +40,7 @@ from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
+from gateway.routing.context import says_context_exceeded
 from gateway.snapshot import Target
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
@@ -149,6 +150,8 @@ class Forwarder:
         attempt = _Attempt(self, proto, out, len(targets), peer)
         full: list[Target] = []
         for target in targets:
+            if attempt.floor is not None and (target.context_window or 0) <= attempt.floor:
+                continue  # a context-length refusal: only a larger declared window may take it
             place = load.enter(target.backend)
             if place is None:
                 full.append(target)
@@ -401,6 +404,7 @@ class _Attempt:
 
     __slots__ = (
         "error",
+        "floor",
         "fwd",
         "kept",
         "last",
@@ -425,6 +429,7 @@ class _Attempt:
         self.target: Target | None = None
         self.status = 0
         self.refusal: BadRequest | None = None  # a translator's: this request cannot go to that protocol
+        self.floor: int | None = None  # after a context-length 400: the window that was too small
 
     async def run(self, target: Target, place: Place) -> bool:
         """Try ``target`` holding ``place``; True when its answer went to the client."""
@@ -484,6 +489,20 @@ class _Attempt:
                     finally:
                         resp.release()
                     return False
+            elif status == 400 and self.out.context_failover and self.tries < self.last:
+                # The one 4xx that may fail over: read it (bounded) to see whether it says so.
+                try:
+                    data = await resp.read(KEPT_LIMIT)
+                except UpstreamError:
+                    data = b""
+                finally:
+                    resp.release()
+                self.kept = (status, _response_headers(resp), data, up.translation)
+                if says_context_exceeded(data):
+                    self.floor = target.context_window or 0
+                    return False
+                self.send_kept(self.proto)
+                return True
             else:
                 health.answered += 1
                 health.consecutive = 0
@@ -499,15 +518,20 @@ class _Attempt:
     def result(self) -> Attempted:
         return Attempted(self.target, self.status, self.tries)
 
+    def send_kept(self, proto: Any) -> int:
+        """The kept answer to the client, in its protocol; its status."""
+        assert self.kept is not None
+        status, hdrs, data, translation = self.kept
+        if translation is not None and not translation.verbatim:
+            data, hdrs = translation.error(status, data), [_JSON_TYPE]
+        proto.response_bytes(status, hdrs, data)
+        return status
+
     def give_up(self, proto: Any) -> Attempted:
         """Every target failed: the last kept answer goes to the client (in its protocol), or the gateway
         speaks."""
         if self.kept is not None:
-            status, hdrs, data, translation = self.kept
-            if translation is not None and not translation.verbatim:
-                data, hdrs = translation.error(status, data), [_JSON_TYPE]
-            proto.response_bytes(status, hdrs, data)
-            return Attempted(self.target, status, self.tries)
+            return Attempted(self.target, self.send_kept(proto), self.tries)
         if isinstance(self.error, ClientTimeout):
             raise UpstreamTimeout("no backend answered in time for this model")
         if self.tries == 0 and self.refusal is not None:

@@ -5,7 +5,6 @@ is refused with 403 before anything else happens, a key's ``models`` narrow its 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -104,7 +103,7 @@ def test_a_keys_models_narrow_its_principals(env: tuple[Gateway, int]) -> None:
 
 
 def test_dry_run_shows_the_keys_decision(env: tuple[Gateway, int]) -> None:
-    gw, admin_port = env
+    admin_port = env[1]
 
     def dry(**request: object) -> httpx.Response:
         return httpx.post(
