@@ -11,7 +11,9 @@ Document schema (``schema`` = 1)::
       "revision": 17,                    # config revision in the store; publication is monotonic in it
       "built_at": 1764470000.0,          # unix seconds
       "backends": {"vllm-a": {"url": "http://127.0.0.1:8001", "api_key": null, "protocol": "openai",
-                              "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0}},
+                              "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0,
+                              "credentials": [{"name": "a", "api_key": "sk-...", "rpm": 500,  # optional
+                                               "tpm": 90000, "cool_down": 60.0}]}},
       "routes": {            # every callable name: frontend models, their aliases, provider models
         "chat": {"canonical": "chat", "kind": "frontend",
                  "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...],
@@ -72,6 +74,7 @@ SCHEMA = 1
 __all__ = [
     "SCHEMA",
     "Backend",
+    "Credential",
     "KeyEntry",
     "Limits",
     "Principal",
@@ -101,6 +104,36 @@ class Backend:
     # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
     # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
     responses_api: bool = False
+    # A credential pool: the API keys tried in turn instead of ``api_key`` (gateway.dataplane.credentials).
+    credentials: tuple[Credential, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """One API key of a backend's pool, with its own quota (shared buckets, keyed by ``scope``)."""
+
+    name: str
+    api_key: str = field(repr=False)
+    scope: str  # "c:<backend>/<name>": the bucket keys' scope, and how the fleet view names it
+    rpm: int | None = None
+    tpm: int | None = None
+    cool_down: float = 60.0  # seconds after a 429 that names no Retry-After
+    rpm_key: int = 0
+    tpm_key: int = 0
+
+    @classmethod
+    def from_doc(cls, backend: str, doc: dict[str, Any]) -> Credential:
+        scope = f"c:{backend}/{doc['name']}"
+        return cls(
+            name=str(doc["name"]),
+            api_key=str(doc["api_key"]),
+            scope=scope,
+            rpm=_positive(doc.get("rpm")),
+            tpm=_positive(doc.get("tpm")),
+            cool_down=float(doc.get("cool_down", 60.0)),
+            rpm_key=bucket_key(scope, "rpm"),
+            tpm_key=bucket_key(scope, "tpm"),
+        )
 
 
 def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
@@ -120,6 +153,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             queue_timeout=float(b.get("queue_timeout", 5.0)),
             health_path=b.get("health_path"),
             responses_api=b.get("responses_api") is True,
+            credentials=tuple(Credential.from_doc(name, c) for c in b.get("credentials") or ()),
         )
         for name, b in doc.get("backends", {}).items()
     }

@@ -15,7 +15,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -100,6 +100,14 @@ class BackendSpec:
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
     responses_api: bool | None = None  # true: serves /v1/responses itself (openai backends only)
+    # A credential of a pool (``[[backends.credentials]]``): stored as a backend row of its own, named
+    # ``BACKEND/CREDENTIAL``, so that it is sealed, rotated and opened like every backend's credential; the
+    # snapshot folds it into its backend. Its URL, protocol and timeouts are its backend's.
+    credential_of: str | None = None
+    requests_per_minute: int | None = None  # the credential's own quota
+    tokens_per_minute: int | None = None
+    cool_down: float | None = None  # seconds after a 429 that gives no Retry-After (60)
+    credentials: tuple[BackendSpec, ...] = ()  # only between _backend and parse_config's flattening
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +245,7 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
     each with its line in ``text`` (the document's source) where that is given."""
     p = Problems()
     p.unknown_fields("", data, _SECTIONS)
-    backends = _section(p, data, "backends", _backend)
+    backends = _flatten_credentials(_section(p, data, "backends", _backend))
     provider_models = _section(p, data, "provider_models", _provider_model)
     models = _section(p, data, "models", _model)
     roles = _section(p, data, "roles", _role)
@@ -329,7 +337,18 @@ _BACKEND_FIELDS = (
     "first_byte_timeout",
     "read_timeout",
     *BACKEND_FLOW_FIELDS,
+    "credentials",
 )
+_CREDENTIAL_FIELDS = (
+    "name",
+    "api_key",
+    "api_key_env",
+    "api_key_file",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "cool_down",
+)
+MAX_CREDENTIALS = 64
 _SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
 T = TypeVar("T")
 
@@ -473,7 +492,7 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
     if not ok or name is None or None in timeouts:
         return None
     connect, first_byte, read = (t for t in timeouts if t is not None)
-    return BackendSpec(
+    spec = BackendSpec(
         name,
         str(url).rstrip("/"),
         protocol,
@@ -490,6 +509,76 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
         api_key_file=api_key_file,
         responses_api=responses_api,
     )
+    if "credentials" not in item:
+        return spec
+    if api_key is not None or api_key_env is not None or api_key_file is not None:
+        p.add(f"{place}.credentials", "give either the backend's own api_key (or _env, _file) or credentials")
+        return None
+    raw = item["credentials"]
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_CREDENTIALS:
+        p.add(f"{place}.credentials", f"must be 1 to {MAX_CREDENTIALS} tables ([[backends.credentials]])")
+        return None
+    before = len(p.lines)
+    parsed = [_credential(p, f"{place}.credentials[{i}]", entry, spec) for i, entry in enumerate(raw)]
+    creds = tuple(c for c in parsed if c is not None)
+    if len(p.lines) > before:
+        return None
+    return replace(spec, credentials=creds)
+
+
+def _credential(p: Problems, place: str, item: Any, backend: BackendSpec) -> BackendSpec | None:
+    if not isinstance(item, dict):
+        p.add(place, "must be a table { name = ..., api_key_env = ... }")
+        return None
+    p.unknown_fields(place, item, _CREDENTIAL_FIELDS)
+    before = len(p.lines)
+    name = _name(p, place, item)
+    api_key, api_key_env = item.get("api_key"), item.get("api_key_env")
+    api_key_file = item.get("api_key_file")
+    # At most one source: none is what a document with its credentials left out reads as (the store
+    # re-validates such documents); a credential that has no key is then skipped by the snapshot.
+    if sum(v is not None for v in (api_key, api_key_env, api_key_file)) > 1:
+        p.add(f"{place}.api_key", "give one of api_key, api_key_env and api_key_file")
+    elif api_key_file is not None and (
+        not isinstance(api_key_file, str) or not api_key_file.startswith("/") or "\x00" in api_key_file
+    ):
+        p.add(f"{place}.api_key_file", "must be an absolute path")
+    elif api_key is not None and (not isinstance(api_key, str) or not api_key):
+        p.add(f"{place}.api_key", "must be a non-empty string")
+    elif api_key_env is not None and (
+        not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env)
+    ):
+        p.add(f"{place}.api_key_env", "must be an environment variable name")
+    quotas: list[int | None] = []
+    for key in ("requests_per_minute", "tokens_per_minute"):
+        value = item.get(key)
+        if value is not None and (problem := check_limit(value)):
+            p.add(f"{place}.{key}", problem)
+        quotas.append(value)
+    cool_down = _timeout(p, place, item, "cool_down", 60.0) if "cool_down" in item else None
+    if len(p.lines) > before or name is None:
+        return None
+    return replace(
+        backend,
+        name=f"{backend.name}/{name}",
+        api_key=api_key,
+        api_key_env=api_key_env,
+        api_key_file=api_key_file,
+        credential_of=backend.name,
+        requests_per_minute=quotas[0],
+        tokens_per_minute=quotas[1],
+        cool_down=cool_down,
+    )
+
+
+def _flatten_credentials(
+    backends: list[tuple[str, BackendSpec]],
+) -> list[tuple[str, BackendSpec]]:
+    """Backends, then every credential of every pool as a backend row of its own (in file order)."""
+    out = [(pl, replace(b, credentials=())) for pl, b in backends]
+    for pl, b in backends:
+        out += [(f"{pl}.credentials[{i}]", c) for i, c in enumerate(b.credentials)]
+    return out
 
 
 def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
@@ -848,6 +937,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
     """``doc`` as TOML that ``parse_config`` reads back to an equal document (secrets included if set)."""
     lines: list[str] = [f"# {line}" if line else "#" for line in header.splitlines()]
     for b in doc.backends:
+        if b.credential_of is not None:
+            continue  # written under its backend
         lines += ["", "[[backends]]", f"name = {_toml_str(b.name)}", f"url = {_toml_str(b.url)}"]
         lines.append(f"protocol = {_toml_str(b.protocol)}")
         if b.api_key is not None:
@@ -863,6 +954,19 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             value = getattr(b, key)
             if value is not None:
                 lines.append(f"{key} = {toml_value(value)}")
+        for c in doc.backends:
+            if c.credential_of == b.name:
+                lines += ["", "[[backends.credentials]]"]
+                lines.append(f"name = {_toml_str(c.name[len(b.name) + 1 :])}")
+                if c.api_key is not None:
+                    lines.append(f"api_key = {_toml_str(c.api_key)}")
+                if c.api_key_env is not None:
+                    lines.append(f"api_key_env = {_toml_str(c.api_key_env)}")
+                if c.api_key_file is not None:
+                    lines.append(f"api_key_file = {_toml_str(c.api_key_file)}")
+                for key in ("requests_per_minute", "tokens_per_minute", "cool_down"):
+                    if (value := getattr(c, key)) is not None:
+                        lines.append(f"{key} = {toml_value(value)}")
     for pm in doc.provider_models:
         entries = ", ".join(
             f"{{ backend = {_toml_str(e.backend)}, model = {_toml_str(e.model)} }}" for e in pm.backends

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND_FLOW_FIELDS",
+    "CREDENTIAL_ROW_FIELDS",
     "DAYS",
     "PoolSpec",
     "RoutingRows",
@@ -407,13 +408,16 @@ BACKEND_FLOW_FIELDS = (
     "health_path",
     "responses_api",
 )
+# A pool credential's row (never a [[backends]] field): its backend, its quota and its cool-down.
+CREDENTIAL_ROW_FIELDS = ("credential_of", "requests_per_minute", "tokens_per_minute", "cool_down")
+_BACKEND_ROW_FIELDS = (*BACKEND_FLOW_FIELDS, *CREDENTIAL_ROW_FIELDS)
 
 
 def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
     """The routing entries of ``cfg`` as ``routing_entries`` rows."""
     rows: list[tuple[str, str, str]] = []
     for b in cfg.backends:
-        flow = {k: getattr(b, k) for k in BACKEND_FLOW_FIELDS if getattr(b, k) is not None}
+        flow = {k: getattr(b, k) for k in _BACKEND_ROW_FIELDS if getattr(b, k) is not None}
         if flow:
             rows.append(("backend", b.name, orjson.dumps(flow).decode()))
     for pm in cfg.provider_models:
@@ -469,7 +473,7 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
             skipped.append(f"{kind} {name}: {exc}")
             continue
         if kind == "backend" and isinstance(value, dict):
-            p.unknown_fields(name, value, BACKEND_FLOW_FIELDS)
+            p.unknown_fields(name, value, _BACKEND_ROW_FIELDS)
             if not p.lines:
                 backends[name] = value
         elif kind == "rules":

@@ -60,7 +60,16 @@ ALLOW_ALL = "model/*"
 _MODEL_PERMISSION = "model/"
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch
 _GLOB_CHARS = frozenset("*?[")
-_LIMIT_KEYS = ("rpm", "tpm", "concurrency")  # the store's limit_rpm, limit_tpm, limit_concurrency
+_LIMIT_KEYS = ("rpm", "tpm", "concurrency")
+# A backend's settings the document carries as they are (health_path is resolved apart; a credential's
+# fields are folded into its backend by _fold_credentials).
+_FLOW_DOC = (
+    "max_concurrency",
+    "waiting_high_water",
+    "queue_size",
+    "queue_timeout",
+    "responses_api",
+)  # the store's limit_rpm, limit_tpm, limit_concurrency
 
 
 def build_snapshot_doc(store: Store, *, now: float | None = None) -> dict[str, Any]:
@@ -189,11 +198,41 @@ def _backends(state: StoreState, routing: RoutingRows, skip: _Skips) -> dict[str
             "read_timeout": timeouts[2],
         }
         flow = routing.backends.get(name, {})
-        out[name].update({k: v for k, v in flow.items() if k != "health_path" and v is not None})
+        out[name].update({k: v for k, v in flow.items() if k in _FLOW_DOC and v is not None})
         health_path = flow.get("health_path")
         if health_path is None and protocol == "openai":
             health_path = DEFAULT_HEALTH_PATH
         out[name]["health_path"] = health_path or None
+    return _fold_credentials(out, routing, skip)
+
+
+_CREDENTIAL_DOC = {"requests_per_minute": "rpm", "tokens_per_minute": "tpm", "cool_down": "cool_down"}
+
+
+def _fold_credentials(
+    out: dict[str, dict[str, Any]], routing: RoutingRows, skip: _Skips
+) -> dict[str, dict[str, Any]]:
+    """Each credential row into its backend's ``"credentials"`` (by name, in name order). A backend that
+    declares credentials and has none left that opens is skipped: sending its requests without a
+    credential would only earn 401s."""
+    pooled: set[str] = set()
+    for name in sorted(routing.backends):
+        flow = routing.backends[name]
+        parent = flow.get("credential_of")
+        if parent is None:
+            continue
+        pooled.add(parent)
+        row = out.pop(name, None)
+        if row is None or parent not in out or not row["api_key"]:
+            skip(f"credential {name!r}", "unreadable or without a key, or its backend is unusable")
+            continue
+        entry: dict[str, Any] = {"name": name[len(parent) + 1 :], "api_key": row["api_key"]}
+        entry.update({doc: flow[k] for k, doc in _CREDENTIAL_DOC.items() if flow.get(k) is not None})
+        out[parent].setdefault("credentials", []).append(entry)
+    for parent in pooled:
+        if parent in out and not out[parent].get("credentials"):
+            skip(f"backend {parent!r}", "none of its credentials is usable")
+            del out[parent]
     return out
 
 

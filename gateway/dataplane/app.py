@@ -24,6 +24,7 @@ from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
 from gateway.dataplane.clients import ClientLimiter
+from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
@@ -111,8 +112,15 @@ class ProxyApp:
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
+        limiter = self.accounting.limiter if self.accounting is not None else None
         self.forwarder = Forwarder(
-            make_client(), self.settings.backend_cool_down, self.load, self.settings.stream_stall_timeout
+            make_client(),
+            self.settings.backend_cool_down,
+            self.load,
+            self.settings.stream_stall_timeout,
+            credentials=CredentialPools(limiter.table if limiter is not None else None),
+            max_attempts=self.settings.max_attempts,
+            backoff=self.settings.retry_backoff,
         )
         self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
         settings = self.settings
@@ -178,6 +186,7 @@ class ProxyApp:
                 if self.accounting is not None and self.accounting.usage is not None
                 else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
+                "credentials": forwarder.credentials.as_dict() if forwarder else {},
             }
             limiter = self.accounting.limiter if self.accounting is not None else None
             if limiter is not None and limiter.shares is not None:
@@ -364,6 +373,8 @@ class ProxyApp:
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None
+                if backend is not None and attempted.credential is not None:
+                    backend += "/" + attempted.credential  # the credential by name, as the store has it
                 attempts = attempted.attempts
         except GatewayError as exc:
             status = exc.status
