@@ -32,6 +32,8 @@ Document schema (``schema`` = 1)::
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
       "alias_patterns": {"claude-*": {"canonical": "chat", "kind": "frontend", "targets": [...]}},
                                          # optional: pattern aliases, routes like the others, in config order
+      "prompt_classes": [{"name": "code", "examples": ["fix this bug"], "keywords": ["stack trace"],
+                          "min_score": 0.1}],   # optional, in declaration order
       "context_windows": {"llama-8b": 8192},  # optional: tokens per provider model (prompt + completion)
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
@@ -66,6 +68,7 @@ from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
 from gateway.routing.plan import Decision, Pool, compile_pools, compile_rules, decide
+from gateway.routing.prompt_classes import Classifier, PromptClass
 from gateway.routing.rules import Facts, Rule
 from gateway.shm.bucket_keys import bucket_key
 
@@ -266,6 +269,9 @@ class Snapshot:
     # Whether any provider model declares a context window: when none does, the request path makes one
     # check and never estimates a fit (gateway.routing.context).
     windows: bool = False
+    # The prompt classes' fast tier (gateway.routing.prompt_classes), built from the operator's examples
+    # once per generation; consulted only by rules that name a class, and by the dry run.
+    classifier: Classifier | None = None
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -346,6 +352,9 @@ class Snapshot:
             fallback=doc.get("fallback"),
             patterns=patterns,
             windows=bool(windows),
+            classifier=Classifier(tuple(PromptClass.from_doc(c) for c in doc["prompt_classes"]))
+            if doc.get("prompt_classes")
+            else None,
         )
 
 

@@ -25,10 +25,12 @@ from gateway.controlplane.problems import Problems
 from gateway.controlplane.routing_config import (
     BACKEND_FLOW_FIELDS,
     PoolSpec,
+    PromptClassSpec,
     RuleSpec,
     check_routing,
     parse_networks,
     parse_pool,
+    parse_prompt_class,
     parse_rules,
 )
 from gateway.controlplane.toml_places import TomlPlaces
@@ -213,6 +215,7 @@ class ConfigDoc:
     keys: tuple[KeySpec, ...] = ()
     pools: tuple[PoolSpec, ...] = ()
     fallback: str | None = None  # [routing] fallback: the model tried when every target is down
+    prompt_classes: tuple[PromptClassSpec, ...] = ()  # for rules' prompt_class conditions
 
 
 def load_config(path: str | Path) -> ConfigDoc:
@@ -252,6 +255,7 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
     principals = _section(p, data, "principals", _principal)
     keys = _section(p, data, "keys", _key)
     pools = _section(p, data, "pools", parse_pool)
+    classes = _section(p, data, "prompt_classes", parse_prompt_class)
     fallback = _routing_table(p, data.get("routing", {}))
     doc = ConfigDoc(
         backends=tuple(b for _, b in backends),
@@ -262,9 +266,12 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
         keys=tuple(k for _, k in keys),
         pools=tuple(pl for _, pl in pools),
         fallback=fallback,
+        prompt_classes=tuple(c for _, c in classes),
     )
     _check_references(p, backends, provider_models, models, roles, principals, keys)
-    check_routing(p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared)
+    check_routing(
+        p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared, classes
+    )
     if p.lines:
         places = TomlPlaces(text) if text is not None else None
         located = []
@@ -349,7 +356,17 @@ _CREDENTIAL_FIELDS = (
     "cool_down",
 )
 MAX_CREDENTIALS = 64
-_SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
+_SECTIONS = (
+    "backends",
+    "provider_models",
+    "models",
+    "roles",
+    "principals",
+    "keys",
+    "pools",
+    "routing",
+    "prompt_classes",
+)
 T = TypeVar("T")
 
 
@@ -990,6 +1007,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines += ["", "[[pools]]"] + [f"{k} = {toml_value(v)}" for k, v in pool.as_dict().items()]
     if doc.fallback is not None:
         lines += ["", "[routing]", f"fallback = {_toml_str(doc.fallback)}"]
+    for spec in doc.prompt_classes:
+        lines += ["", "[[prompt_classes]]"] + [f"{k} = {toml_value(v)}" for k, v in spec.as_dict().items()]
     for r in doc.roles:
         lines += [
             "",

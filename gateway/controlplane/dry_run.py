@@ -22,6 +22,7 @@ from gateway.protocol.openai_request import inspect_json
 from gateway.routing.context import fitting, refusal
 from gateway.routing.load import Load
 from gateway.routing.plan import Decision
+from gateway.routing.prompt_classes import prompt_text
 from gateway.routing.rules import Facts
 from gateway.snapshot import Principal, Snapshot
 
@@ -68,6 +69,7 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         info.max_tokens,
         info.stream,
         body,
+        classifier=snapshot.classifier,
     )
     decision = snapshot.decide(route, facts, load)
     answer = {
@@ -76,6 +78,16 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
     }
+    if snapshot.classifier is not None:
+        # Every class's score, as the rules would see them (the dry run always classifies; the request
+        # path only when a rule asks).
+        name, score = facts.prompt_class()
+        scores = snapshot.classifier.scores(prompt_text(body))
+        answer["prompt_class"] = {
+            "name": name,
+            "score": score,
+            "scores": {c.name: round(s, 4) for c, s in zip(snapshot.classifier.classes, scores, strict=True)},
+        }
     if snapshot.windows and decision.refused is None:
         answer["context"] = _context_decision(snapshot, decision, facts)
     if request.get("key") is not None:

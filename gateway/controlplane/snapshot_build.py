@@ -152,6 +152,8 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     }
     if patterns:
         doc["alias_patterns"] = patterns
+    if routing.classes:
+        doc["prompt_classes"] = [spec.as_dict() for spec in routing.classes]
     windows = {pm: w for pm, w in routing.windows.items() if routes.get(pm, {}).get("kind") == "provider"}
     if windows:
         doc["context_windows"] = windows

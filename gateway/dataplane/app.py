@@ -322,7 +322,16 @@ class ProxyApp:
         facts = None
         if route.rules:
             prompt = len(body) // 4
-            facts = Facts(key.principal, headers, info.user, prompt, info.max_tokens, info.stream, body)
+            facts = Facts(
+                key.principal,
+                headers,
+                info.user,
+                prompt,
+                info.max_tokens,
+                info.stream,
+                body,
+                classifier=snap.classifier,
+            )
         decision = snap.decide(route, facts, self.load)
         if decision.refused is not None:
             status, message = decision.refused

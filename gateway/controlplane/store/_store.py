@@ -977,6 +977,7 @@ class Store:
             ),
             pools=routing.pools,
             fallback=routing.fallback,
+            prompt_classes=routing.classes,
         )
 
 
