@@ -102,9 +102,10 @@ def main() -> None:
     classifier = Classifier(tuple(PromptClass(n, tuple(e)) for n, e in CLASSES.items()))
     print(f"classes: {len(CLASSES)}, vocabulary: {len(classifier.vocab)} terms, body: {len(BODY)} bytes")
     print("class of the typical prompt:", classifier.classify(prompt_text(BODY)))
+    text = prompt_text(BODY)
     for label, work in (
         ("prompt_text + classify", lambda: classifier.classify(prompt_text(BODY))),
-        ("classify only", lambda text=prompt_text(BODY): classifier.classify(text)),
+        ("classify only", lambda: classifier.classify(text)),
     ):
         best = float("inf")
         for _ in range(3):
