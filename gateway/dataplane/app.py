@@ -23,7 +23,7 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
-from gateway.dataplane.clients import ClientLimiter
+from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
@@ -98,6 +98,8 @@ class ProxyApp:
         self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
         self.bodies: BodyReader | None = None  # made on the worker's loop
         self.clients = clients if clients is not None and clients.active else None
+        # Who the client is, as --trusted-proxies decides it: per-key allow_ips test this address.
+        self.trusted = clients.trusted if clients is not None else TrustedProxies(settings.trusted_proxies)
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -478,12 +480,12 @@ class ProxyApp:
             raise BadRequest("you must provide a model parameter", param="model")
         return inspect_json(body, top_members)
 
-    @staticmethod
-    def client_address(scope: Any) -> str:
-        """The client's address as the socket gives it (``host:port``, IPv6 in brackets)."""
-        client: str = scope.client or ""
-        host = client.rpartition(":")[0] if client.count(":") == 1 or client.startswith("[") else client
-        return host.strip("[]")
+    def client_address(self, scope: Any) -> str:
+        """The client's address: the socket's peer, or the hop a trusted proxy vouches for."""
+        peer = peer_address(scope.client or "")
+        if self.trusted:
+            return self.trusted.client_of(peer, scope.headers.get("x-forwarded-for"))
+        return peer
 
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
         principal = key.principal

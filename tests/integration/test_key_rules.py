@@ -57,16 +57,30 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, int
     tmp = tmp_path_factory.mktemp("key-rules")
     engine = MockEngine(tmp)
     admin_port = free_port()
-    gw = Gateway(tmp, basic_config({"a": engine.url}, extra=EXTRA), extra=("--admin-port", str(admin_port)))
+    gw = Gateway(
+        tmp,
+        basic_config({"a": engine.url}, extra=EXTRA),
+        # The tests' own requests come from 127.0.0.1: trusted, its X-Forwarded-For names the client.
+        extra=("--admin-port", str(admin_port), "--trusted-proxies", "127.0.0.1/32"),
+    )
     gw.wait_key_live(KEYS["local"])
     yield gw, admin_port
     gw.stop()
     engine.stop()
 
 
-def post(gw: Gateway, key: str, model: str = "chat", path: str = "/v1/chat/completions") -> httpx.Response:
+def post(
+    gw: Gateway,
+    key: str,
+    model: str = "chat",
+    path: str = "/v1/chat/completions",
+    forwarded_for: str | None = None,
+) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    return httpx.post(gw.url + path, headers={"authorization": f"Bearer {KEYS[key]}"}, json=body, timeout=10)
+    headers = {"authorization": f"Bearer {KEYS[key]}"}
+    if forwarded_for is not None:
+        headers["x-forwarded-for"] = forwarded_for
+    return httpx.post(gw.url + path, headers=headers, json=body, timeout=10)
 
 
 def test_a_key_outside_its_networks_is_refused(env: tuple[Gateway, int]) -> None:
@@ -86,6 +100,19 @@ def test_a_key_outside_its_networks_is_refused(env: tuple[Gateway, int]) -> None
     }
     # Refused before the model is even looked up: an unknown model is still 403, not 404.
     assert post(gw, "office", model="nope").status_code == 403
+
+
+def test_the_client_address_is_the_one_trusted_proxies_decide(env: tuple[Gateway, int]) -> None:
+    gw, _ = env
+    # Through the trusted proxy (127.0.0.1) from inside the office network: allowed.
+    assert post(gw, "office", forwarded_for="10.20.3.4").status_code == 200
+    assert post(gw, "office", forwarded_for="2001:db8::7").status_code == 200
+    # The right-most untrusted hop counts, not what the client wrote further left.
+    resp = post(gw, "office", forwarded_for="10.0.0.1, 192.0.2.7")
+    assert resp.status_code == 403
+    assert resp.json()["error"]["message"] == "This API key may not be used from 192.0.2.7"
+    # The loopback key is now used "from" the office: refused.
+    assert post(gw, "local", forwarded_for="10.20.3.4").status_code == 403
 
 
 def test_a_keys_models_narrow_its_principals(env: tuple[Gateway, int]) -> None:
