@@ -180,6 +180,7 @@ class BudgetSpec:
     period: str = "month"
     tokens: int | None = None
     cost: float | None = None
+    alerts: tuple[float, ...] = ()  # fractions of the budget at which to alert (budget_alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,7 +698,7 @@ def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
     if not isinstance(value, dict):
         p.add(place, 'must be a table such as { period = "month", tokens = 1000000, cost = 50.0 }')
         return None
-    p.unknown_fields(place, value, ("period", "tokens", "cost"))
+    p.unknown_fields(place, value, ("period", "tokens", "cost", "alerts"))
     before = len(p.lines)
     period = value.get("period", "month")
     if problem := check_period(period):
@@ -714,9 +715,18 @@ def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
         p.add(f"{place}.cost", f"must be at most {MAX_BUDGET_COST}")
     if tokens is None and cost is None:
         p.add(place, "needs tokens, cost, or both")
+    alerts = value.get("alerts", [])
+    if not isinstance(alerts, list) or any(
+        isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a <= 1 for a in alerts
+    ):
+        p.add(f"{place}.alerts", "must be an array of fractions of the budget, e.g. [0.5, 0.8, 1.0]")
+    elif len(set(alerts)) != len(alerts):
+        p.add(f"{place}.alerts", "lists a threshold twice")
     if len(p.lines) > before:
         return None
-    return BudgetSpec(period, tokens, None if cost is None else float(cost))
+    return BudgetSpec(
+        period, tokens, None if cost is None else float(cost), tuple(sorted(float(a) for a in alerts))
+    )
 
 
 def _role(p: Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
@@ -942,6 +952,8 @@ def _toml_budget(spec: BudgetSpec) -> str:
         fields.append(f"tokens = {spec.tokens}")
     if spec.cost is not None:
         fields.append(f"cost = {spec.cost!r}")
+    if spec.alerts:
+        fields.append("alerts = [" + ", ".join(repr(a) for a in spec.alerts) + "]")
     return "{ " + ", ".join(fields) + " }"
 
 

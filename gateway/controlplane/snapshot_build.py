@@ -131,7 +131,7 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     routes, aliases_of = _routes(state, backends, skip)
     pools = _pools(routing, routes, skip)
     _rules(routing, routes, pools, skip)
-    principals = _principals(state, routes, aliases_of, skip)
+    principals = _principals(state, routes, aliases_of, skip, routing.alerts)
     # Pattern aliases were routes like the others until now (rules, prices and grants reach them the same
     # way); the data plane tries them only when no route has the exact name, most specific first: the
     # longest pattern, then by name (the store keeps no config order).
@@ -434,7 +434,11 @@ def _grants(
 
 
 def _principals(
-    state: StoreState, routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]], skip: _Skips
+    state: StoreState,
+    routes: dict[str, dict[str, Any]],
+    aliases_of: dict[str, list[str]],
+    skip: _Skips,
+    alerts: dict[str, tuple[float, ...]],
 ) -> dict[str, dict[str, Any]]:
     permissions: dict[str, set[str]] = {}
     for name in state.roles:
@@ -482,6 +486,8 @@ def _principals(
             continue
         try:
             limits.setdefault(pid, {})["budget"] = _budget(budget_values)
+            if names[pid] in alerts:
+                limits[pid]["budget"]["alerts"] = list(alerts[names[pid]])
         except ValueError as exc:
             skip(f"principal {pid!r}", str(exc))
             del names[pid]

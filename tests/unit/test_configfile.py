@@ -459,7 +459,7 @@ ERRORS: list[tuple[str, Mutation, str]] = [
     (
         "budget unknown field",
         _set("principals[0].budget", {"tokens": 1, "requests": 5}),
-        "principals[0].budget.requests: unknown field (expected one of: cost, period, tokens)",
+        "principals[0].budget.requests: unknown field (expected one of: alerts, cost, period, tokens)",
     ),
 ]
 
@@ -706,3 +706,15 @@ def test_key_rules_parse_normalised_and_round_trip() -> None:
     assert doc.keys[0].allow_ips == ("10.0.0.0/8", "2001:db8::/32", "192.0.2.1/32")
     assert doc.keys[0].models == ("llama",)
     assert parse_config(tomllib.loads(dump_config(doc)), "dumped") == doc
+
+
+def test_budget_alerts_parse_sorted_and_round_trip() -> None:
+    data = copy.deepcopy(BASE)
+    data["principals"][0]["budget"] = {"period": "day", "tokens": 10, "alerts": [1.0, 0.5]}
+    doc = parse_config(data, "base")
+    assert doc.principals[0].budget == BudgetSpec("day", 10, None, (0.5, 1.0))
+    assert parse_config(tomllib.loads(dump_config(doc)), "dumped") == doc
+    for bad, why in (([0], "must be an array of fractions"), ([0.5, 0.5], "lists a threshold twice")):
+        data["principals"][0]["budget"]["alerts"] = bad
+        with pytest.raises(ConfigError, match=why):
+            parse_config(data, "cfg.toml")

@@ -958,7 +958,7 @@ class Store:
                     tuple(roles_of.get(row[0], ())),
                     _limits_from(row[2:5]),
                     model_limits.get(row[0], ()),
-                    budgets.get(row[0]),
+                    _with_alerts(budgets.get(row[0]), routing.alerts.get(row[1], ())),
                 )
                 for row in st.principals
             ),
@@ -1013,6 +1013,10 @@ def _validate(doc: ConfigDoc, where: str) -> None:
 
 def _json(value: object) -> str:
     return orjson.dumps(value).decode()
+
+
+def _with_alerts(budget: BudgetSpec | None, alerts: tuple[float, ...]) -> BudgetSpec | None:
+    return replace(budget, alerts=alerts) if budget is not None and alerts else budget
 
 
 def _key_models(rule: dict[str, Any]) -> tuple[str, ...] | None:
