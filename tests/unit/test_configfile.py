@@ -718,3 +718,14 @@ def test_budget_alerts_parse_sorted_and_round_trip() -> None:
         data["principals"][0]["budget"]["alerts"] = bad
         with pytest.raises(ConfigError, match=why):
             parse_config(data, "cfg.toml")
+
+
+def test_a_credentials_row_fields_are_not_backend_fields() -> None:
+    data = copy.deepcopy(BASE)
+    data["backends"][0]["credential_of"] = "b"
+    with pytest.raises(ConfigError, match=r"backends\[0\]\.credential_of: unknown field"):
+        parse_config(data, "cfg.toml")
+    data = copy.deepcopy(BASE)
+    data["backends"][1]["credentials"] = [{"name": "k", "api_key": "x"}]  # b has its own api_key
+    with pytest.raises(ConfigError, match="give either the backend's own api_key"):
+        parse_config(data, "cfg.toml")
