@@ -51,6 +51,16 @@ class Settings:
     heartbeat_timeout: float = field(default_factory=lambda: _env_float("GATEWAY_HEARTBEAT_TIMEOUT", 5.0))
     backend_cool_down: float = 5.0  # seconds a backend that failed 3 times in a row is skipped; 0: never
     stream_stall_timeout: float = 60.0  # seconds a streamed answer waits for a client that takes no byte
+    # Tries of one request, failover targets and pool credentials together, and the pause before the
+    # second (doubling for each further one, at most 1 s).
+    # Where the control worker POSTs budget alerts (gateway.controlplane.budget_alerts); None: log only.
+    budget_alert_webhook: str | None = field(
+        default_factory=lambda: os.environ.get("GATEWAY_BUDGET_ALERT_WEBHOOK") or None
+    )
+    max_attempts: int = field(default_factory=lambda: _env_int("GATEWAY_MAX_ATTEMPTS", 5))
+    retry_backoff: float = field(
+        default_factory=lambda: float(os.environ.get("GATEWAY_RETRY_BACKOFF", "0.05"))
+    )
     event_loop: str = field(
         default_factory=lambda: os.environ.get("GATEWAY_EVENT_LOOP", "uvloop")
     )  # or asyncio

@@ -6,6 +6,7 @@ from __future__ import annotations
 import orjson
 
 __all__ = [
+    "AddressNotAllowed",
     "BadRequest",
     "BudgetExceeded",
     "ConfigError",
@@ -93,6 +94,12 @@ class Forbidden(GatewayError):
     code = "model_not_allowed"
     openai_type = "permission_error"
     anthropic_type = "permission_error"
+
+
+class AddressNotAllowed(Forbidden):
+    """A key used from a client address outside its ``allow_ips``."""
+
+    code = "address_not_allowed"
 
 
 class NotFound(GatewayError):

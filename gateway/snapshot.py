@@ -11,7 +11,9 @@ Document schema (``schema`` = 1)::
       "revision": 17,                    # config revision in the store; publication is monotonic in it
       "built_at": 1764470000.0,          # unix seconds
       "backends": {"vllm-a": {"url": "http://127.0.0.1:8001", "api_key": null, "protocol": "openai",
-                              "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0}},
+                              "connect_timeout": 2.0, "first_byte_timeout": 60.0, "read_timeout": 300.0,
+                              "credentials": [{"name": "a", "api_key": "sk-...", "rpm": 500,  # optional
+                                               "tpm": 90000, "cool_down": 60.0}]}},
       "routes": {            # every callable name: frontend models, their aliases, provider models
         "chat": {"canonical": "chat", "kind": "frontend",
                  "targets": [["llama-8b", "vllm-a", "meta-llama/Llama-3.1-8B-Instruct"], ...],
@@ -22,21 +24,27 @@ Document schema (``schema`` = 1)::
                            "model_limits": {"chat": {"rpm": 10}},                         # optional
                            "budget": {"period": "month", "tokens": 10000000, "cost": 50.0}}},  # optional
       "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
-                                                  "limits": {"rpm": 30}}},               # optional
+                                                  "limits": {"rpm": 30},                 # optional
+                                                  "name": "ci", "allow_ips": ["10.0.0.0/8"],  # optional
+                                                  "models": ["chat", "gpt-4o-mini"]}},   # optional
       "pools": {"llama": {"policy": "prefix_affinity", "prefix_bytes": 512, "max_inflight": null,
                           "targets": [["llama-8b", "vllm-a", "meta-llama/...", 1], ...]}},  # weight last
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
       "alias_patterns": {"claude-*": {"canonical": "chat", "kind": "frontend", "targets": [...]}},
                                          # optional: pattern aliases, routes like the others, in config order
+      "prompt_classes": [{"name": "code", "examples": ["fix this bug"], "keywords": ["stack trace"],
+                          "min_score": 0.1}],   # optional, in declaration order
+      "context_windows": {"llama-8b": 8192},  # optional: tokens per provider model (prompt + completion)
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
 
-A frontend route may carry ``"rules"``: ``[{"name", "when": {...}, "action": "route" | "refuse" |
-"delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model], ...]}], "status",
-"message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes ``when``). A backend may carry
-flow-control settings (``max_concurrency``, ``waiting_high_water``, ``queue_size``, ``queue_timeout``),
-``health_path`` and ``responses_api`` (true: it serves ``/v1/responses`` itself); a principal its role
-names (``"roles"``), which rules may test.
+A frontend route may carry ``"context_failover": true`` (an upstream "context length exceeded" 400 may
+fail over to a target with a larger window) and ``"rules"``: ``[{"name", "when": {...}, "action":
+"route" | "refuse" | "delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model],
+...]}], "status", "message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes
+``when``). A backend may carry flow-control settings (``max_concurrency``, ``waiting_high_water``,
+``queue_size``, ``queue_timeout``), ``health_path`` and ``responses_api`` (true: it serves
+``/v1/responses`` itself); a principal its role names (``"roles"``), which rules may test.
 
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
@@ -56,9 +64,11 @@ from typing import Any
 import orjson
 
 from gateway.budget import Budget, Price
+from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
 from gateway.routing.plan import Decision, Pool, compile_pools, compile_rules, decide
+from gateway.routing.prompt_classes import Classifier, PromptClass
 from gateway.routing.rules import Facts, Rule
 from gateway.shm.bucket_keys import bucket_key
 
@@ -67,6 +77,7 @@ SCHEMA = 1
 __all__ = [
     "SCHEMA",
     "Backend",
+    "Credential",
     "KeyEntry",
     "Limits",
     "Principal",
@@ -96,6 +107,36 @@ class Backend:
     # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
     # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
     responses_api: bool = False
+    # A credential pool: the API keys tried in turn instead of ``api_key`` (gateway.dataplane.credentials).
+    credentials: tuple[Credential, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """One API key of a backend's pool, with its own quota (shared buckets, keyed by ``scope``)."""
+
+    name: str
+    api_key: str = field(repr=False)
+    scope: str  # "c:<backend>/<name>": the bucket keys' scope, and how the fleet view names it
+    rpm: int | None = None
+    tpm: int | None = None
+    cool_down: float = 60.0  # seconds after a 429 that names no Retry-After
+    rpm_key: int = 0
+    tpm_key: int = 0
+
+    @classmethod
+    def from_doc(cls, backend: str, doc: dict[str, Any]) -> Credential:
+        scope = f"c:{backend}/{doc['name']}"
+        return cls(
+            name=str(doc["name"]),
+            api_key=str(doc["api_key"]),
+            scope=scope,
+            rpm=_positive(doc.get("rpm")),
+            tpm=_positive(doc.get("tpm")),
+            cool_down=float(doc.get("cool_down", 60.0)),
+            rpm_key=bucket_key(scope, "rpm"),
+            tpm_key=bucket_key(scope, "tpm"),
+        )
 
 
 def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
@@ -115,6 +156,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             queue_timeout=float(b.get("queue_timeout", 5.0)),
             health_path=b.get("health_path"),
             responses_api=b.get("responses_api") is True,
+            credentials=tuple(Credential.from_doc(name, c) for c in b.get("credentials") or ()),
         )
         for name, b in doc.get("backends", {}).items()
     }
@@ -125,6 +167,7 @@ class Target:
     provider_model: str
     backend: Backend
     upstream_model: str
+    context_window: int | None = None  # tokens, prompt and completion together; None: not declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +179,8 @@ class Route:
     price: Price | None = None
     rules: tuple[Rule, ...] = ()  # frontend models only (and their aliases): see gateway.routing.rules
     decision: Decision | None = None  # where a request goes when it has no rules and all is up
+    # An upstream "context length exceeded" 400 may fail over to a target with a larger window.
+    context_failover: bool = False
 
     def __post_init__(self) -> None:
         if not self.rules:
@@ -198,6 +243,13 @@ class KeyEntry:
     principal: Principal
     expires_at: float | None
     limits: Limits | None = None
+    rules: KeyRules | None = None  # networks and models narrower than the principal's (gateway.key_rules)
+
+    def may_use(self, model: str) -> bool:
+        rules = self.rules
+        return self.principal.may_use(model) and (
+            rules is None or rules.models is None or model in rules.models
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +266,12 @@ class Snapshot:
     fallback: str | None = None  # the deployment-wide fallback model, when every target is down
     # Aliases such as ``claude-*``: tried when no route has the exact name (gateway.routing.aliases).
     patterns: PatternAliases[Route] = field(default_factory=PatternAliases)
+    # Whether any provider model declares a context window: when none does, the request path makes one
+    # check and never estimates a fit (gateway.routing.context).
+    windows: bool = False
+    # The prompt classes' fast tier (gateway.routing.prompt_classes), built from the operator's examples
+    # once per generation; consulted only by rules that name a class, and by the dry run.
+    classifier: Classifier | None = None
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -239,10 +297,16 @@ class Snapshot:
         if doc.get("schema") != SCHEMA:
             raise ValueError(f"unsupported snapshot schema {doc.get('schema')!r}")
         backends = decode_backends(doc)
-        pools = compile_pools(doc.get("pools") or {}, backends)
-        routes = {name: _route(name, r, backends, pools) for name, r in doc.get("routes", {}).items()}
+        windows = {pm: int(w) for pm, w in (doc.get("context_windows") or {}).items()}
+        pools = compile_pools(doc.get("pools") or {}, backends, windows)
+        routes = {
+            name: _route(name, r, backends, pools, windows) for name, r in doc.get("routes", {}).items()
+        }
         patterns = PatternAliases(
-            [(n, _route(n, r, backends, pools)) for n, r in (doc.get("alias_patterns") or {}).items()]
+            [
+                (n, _route(n, r, backends, pools, windows))
+                for n, r in (doc.get("alias_patterns") or {}).items()
+            ]
         )
         principals = {
             pid: Principal(
@@ -273,6 +337,7 @@ class Snapshot:
                 principal=principal,
                 expires_at=None if exp is None else float(exp),
                 limits=Limits.from_doc(f"k:{k['id']}", k.get("limits")),
+                rules=KeyRules.from_doc(k) if "allow_ips" in k or "models" in k else None,
             )
         return cls(
             revision=int(doc["revision"]),
@@ -286,14 +351,22 @@ class Snapshot:
             pools=pools,
             fallback=doc.get("fallback"),
             patterns=patterns,
+            windows=bool(windows),
+            classifier=Classifier(tuple(PromptClass.from_doc(c) for c in doc["prompt_classes"]))
+            if doc.get("prompt_classes")
+            else None,
         )
 
 
-def _route(name: str, r: dict[str, Any], backends: dict[str, Backend], pools: dict[str, Pool]) -> Route:
+def _route(
+    name: str,
+    r: dict[str, Any],
+    backends: dict[str, Backend],
+    pools: dict[str, Pool],
+    windows: dict[str, int],
+) -> Route:
     targets = tuple(
-        Target(provider_model=pm, backend=backends[be], upstream_model=um)
-        for pm, be, um in r["targets"]
-        if be in backends
+        Target(pm, backends[be], um, windows.get(pm)) for pm, be, um in r["targets"] if be in backends
     )
     return Route(
         name=name,
@@ -301,5 +374,6 @@ def _route(name: str, r: dict[str, Any], backends: dict[str, Backend], pools: di
         kind=r.get("kind", "frontend"),
         targets=targets,
         price=Price.from_doc(r.get("price")),
-        rules=compile_rules(r.get("rules") or [], backends, pools),
+        rules=compile_rules(r.get("rules") or [], backends, pools, windows),
+        context_failover=bool(r.get("context_failover")),
     )

@@ -15,7 +15,7 @@ import math
 import re
 import tomllib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,9 +25,12 @@ from gateway.controlplane.problems import Problems
 from gateway.controlplane.routing_config import (
     BACKEND_FLOW_FIELDS,
     PoolSpec,
+    PromptClassSpec,
     RuleSpec,
     check_routing,
+    parse_networks,
     parse_pool,
+    parse_prompt_class,
     parse_rules,
 )
 from gateway.controlplane.toml_places import TomlPlaces
@@ -99,6 +102,14 @@ class BackendSpec:
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
     responses_api: bool | None = None  # true: serves /v1/responses itself (openai backends only)
+    # A credential of a pool (``[[backends.credentials]]``): stored as a backend row of its own, named
+    # ``BACKEND/CREDENTIAL``, so that it is sealed, rotated and opened like every backend's credential; the
+    # snapshot folds it into its backend. Its URL, protocol and timeouts are its backend's.
+    credential_of: str | None = None
+    requests_per_minute: int | None = None  # the credential's own quota
+    tokens_per_minute: int | None = None
+    cool_down: float | None = None  # seconds after a 429 that gives no Retry-After (60)
+    credentials: tuple[BackendSpec, ...] = ()  # only between _backend and parse_config's flattening
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +136,7 @@ class ProviderModelSpec:
     name: str
     backends: tuple[ProviderBackend, ...]
     price: PriceSpec | None = None  # charged when a client calls this provider model by name
+    context_window: int | None = None  # tokens, prompt and completion together (gateway.routing.context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +148,7 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
     rules: tuple[RuleSpec, ...] = ()  # terminal routing rules, first match wins (routing_config)
+    context_failover: bool = False  # an upstream context-length 400 may go on to a larger window
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +180,7 @@ class BudgetSpec:
     period: str = "month"
     tokens: int | None = None
     cost: float | None = None
+    alerts: tuple[float, ...] = ()  # fractions of the budget at which to alert (budget_alerts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +200,10 @@ class KeySpec:
     secret: str | None = field(default=None, repr=False)
     expires_at: float | None = None  # unix seconds
     limits: LimitsSpec | None = None
+    # Narrower than the principal: client networks (CIDRs) the key may be used from, and the model names
+    # it may call (None: all its principal's). Kept as a routing entry (routing_config.key_rules_doc).
+    allow_ips: tuple[str, ...] = ()
+    models: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +216,7 @@ class ConfigDoc:
     keys: tuple[KeySpec, ...] = ()
     pools: tuple[PoolSpec, ...] = ()
     fallback: str | None = None  # [routing] fallback: the model tried when every target is down
+    prompt_classes: tuple[PromptClassSpec, ...] = ()  # for rules' prompt_class conditions
 
 
 def load_config(path: str | Path) -> ConfigDoc:
@@ -230,13 +249,14 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
     each with its line in ``text`` (the document's source) where that is given."""
     p = Problems()
     p.unknown_fields("", data, _SECTIONS)
-    backends = _section(p, data, "backends", _backend)
+    backends = _flatten_credentials(_section(p, data, "backends", _backend))
     provider_models = _section(p, data, "provider_models", _provider_model)
     models = _section(p, data, "models", _model)
     roles = _section(p, data, "roles", _role)
     principals = _section(p, data, "principals", _principal)
     keys = _section(p, data, "keys", _key)
     pools = _section(p, data, "pools", parse_pool)
+    classes = _section(p, data, "prompt_classes", parse_prompt_class)
     fallback = _routing_table(p, data.get("routing", {}))
     doc = ConfigDoc(
         backends=tuple(b for _, b in backends),
@@ -247,9 +267,12 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
         keys=tuple(k for _, k in keys),
         pools=tuple(pl for _, pl in pools),
         fallback=fallback,
+        prompt_classes=tuple(c for _, c in classes),
     )
     _check_references(p, backends, provider_models, models, roles, principals, keys)
-    check_routing(p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared)
+    check_routing(
+        p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared, classes
+    )
     if p.lines:
         places = TomlPlaces(text) if text is not None else None
         located = []
@@ -322,8 +345,29 @@ _BACKEND_FIELDS = (
     "first_byte_timeout",
     "read_timeout",
     *BACKEND_FLOW_FIELDS,
+    "credentials",
 )
-_SECTIONS = ("backends", "provider_models", "models", "roles", "principals", "keys", "pools", "routing")
+_CREDENTIAL_FIELDS = (
+    "name",
+    "api_key",
+    "api_key_env",
+    "api_key_file",
+    "requests_per_minute",
+    "tokens_per_minute",
+    "cool_down",
+)
+MAX_CREDENTIALS = 64
+_SECTIONS = (
+    "backends",
+    "provider_models",
+    "models",
+    "roles",
+    "principals",
+    "keys",
+    "pools",
+    "routing",
+    "prompt_classes",
+)
 T = TypeVar("T")
 
 
@@ -466,7 +510,7 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
     if not ok or name is None or None in timeouts:
         return None
     connect, first_byte, read = (t for t in timeouts if t is not None)
-    return BackendSpec(
+    spec = BackendSpec(
         name,
         str(url).rstrip("/"),
         protocol,
@@ -483,12 +527,85 @@ def _backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | Non
         api_key_file=api_key_file,
         responses_api=responses_api,
     )
+    if "credentials" not in item:
+        return spec
+    if api_key is not None or api_key_env is not None or api_key_file is not None:
+        p.add(f"{place}.credentials", "give either the backend's own api_key (or _env, _file) or credentials")
+        return None
+    raw = item["credentials"]
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_CREDENTIALS:
+        p.add(f"{place}.credentials", f"must be 1 to {MAX_CREDENTIALS} tables ([[backends.credentials]])")
+        return None
+    before = len(p.lines)
+    parsed = [_credential(p, f"{place}.credentials[{i}]", entry, spec) for i, entry in enumerate(raw)]
+    creds = tuple(c for c in parsed if c is not None)
+    if len(p.lines) > before:
+        return None
+    return replace(spec, credentials=creds)
+
+
+def _credential(p: Problems, place: str, item: Any, backend: BackendSpec) -> BackendSpec | None:
+    if not isinstance(item, dict):
+        p.add(place, "must be a table { name = ..., api_key_env = ... }")
+        return None
+    p.unknown_fields(place, item, _CREDENTIAL_FIELDS)
+    before = len(p.lines)
+    name = _name(p, place, item)
+    api_key, api_key_env = item.get("api_key"), item.get("api_key_env")
+    api_key_file = item.get("api_key_file")
+    # At most one source: none is what a document with its credentials left out reads as (the store
+    # re-validates such documents); a credential that has no key is then skipped by the snapshot.
+    if sum(v is not None for v in (api_key, api_key_env, api_key_file)) > 1:
+        p.add(f"{place}.api_key", "give one of api_key, api_key_env and api_key_file")
+    elif api_key_file is not None and (
+        not isinstance(api_key_file, str) or not api_key_file.startswith("/") or "\x00" in api_key_file
+    ):
+        p.add(f"{place}.api_key_file", "must be an absolute path")
+    elif api_key is not None and (not isinstance(api_key, str) or not api_key):
+        p.add(f"{place}.api_key", "must be a non-empty string")
+    elif api_key_env is not None and (
+        not isinstance(api_key_env, str) or not _ENV_NAME.fullmatch(api_key_env)
+    ):
+        p.add(f"{place}.api_key_env", "must be an environment variable name")
+    quotas: list[int | None] = []
+    for key in ("requests_per_minute", "tokens_per_minute"):
+        value = item.get(key)
+        if value is not None and (problem := check_limit(value)):
+            p.add(f"{place}.{key}", problem)
+        quotas.append(value)
+    cool_down = _timeout(p, place, item, "cool_down", 60.0) if "cool_down" in item else None
+    if len(p.lines) > before or name is None:
+        return None
+    return replace(
+        backend,
+        name=f"{backend.name}/{name}",
+        api_key=api_key,
+        api_key_env=api_key_env,
+        api_key_file=api_key_file,
+        credential_of=backend.name,
+        requests_per_minute=quotas[0],
+        tokens_per_minute=quotas[1],
+        cool_down=cool_down,
+    )
+
+
+def _flatten_credentials(
+    backends: list[tuple[str, BackendSpec]],
+) -> list[tuple[str, BackendSpec]]:
+    """Backends, then every credential of every pool as a backend row of its own (in file order)."""
+    out = [(pl, replace(b, credentials=())) for pl, b in backends]
+    for pl, b in backends:
+        out += [(f"{pl}.credentials[{i}]", c) for i, c in enumerate(b.credentials)]
+    return out
 
 
 def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderModelSpec | None:
-    p.unknown_fields(place, item, ("name", "backends", "price"))
+    p.unknown_fields(place, item, ("name", "backends", "price", "context_window"))
     before = len(p.lines)
     name = _name(p, place, item)
+    window = item.get("context_window")
+    if window is not None and (problem := check_limit(window)):
+        p.add(f"{place}.context_window", problem)
     price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
     raw = item.get("backends")
     if raw is None:
@@ -515,11 +632,11 @@ def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderMo
             entries.append(pb)
     if name is None or len(entries) != len(raw) or len(p.lines) > before:
         return None
-    return ProviderModelSpec(name, tuple(entries), price)
+    return ProviderModelSpec(name, tuple(entries), price, window)
 
 
 def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
-    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules"))
+    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules", "context_failover"))
     if isinstance(item.get("aliases"), list):  # even if invalid: see Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = _name(p, place, item)
@@ -531,9 +648,12 @@ def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     before = len(p.lines)
     price = _price(p, f"{place}.price", item["price"]) if "price" in item else None
     rules = parse_rules(p, f"{place}.rules", item["rules"]) if "rules" in item else ()
+    failover = item.get("context_failover", False)
+    if not isinstance(failover, bool):
+        p.add(f"{place}.context_failover", "must be true or false")
     if name is None or chain is None or aliases is None or rules is None or len(p.lines) > before:
         return None
-    return ModelSpec(name, chain, aliases, price, rules)
+    return ModelSpec(name, chain, aliases, price, rules, failover)
 
 
 def _routing_table(p: Problems, raw: object) -> str | None:
@@ -578,7 +698,7 @@ def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
     if not isinstance(value, dict):
         p.add(place, 'must be a table such as { period = "month", tokens = 1000000, cost = 50.0 }')
         return None
-    p.unknown_fields(place, value, ("period", "tokens", "cost"))
+    p.unknown_fields(place, value, ("period", "tokens", "cost", "alerts"))
     before = len(p.lines)
     period = value.get("period", "month")
     if problem := check_period(period):
@@ -595,9 +715,18 @@ def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
         p.add(f"{place}.cost", f"must be at most {MAX_BUDGET_COST}")
     if tokens is None and cost is None:
         p.add(place, "needs tokens, cost, or both")
+    alerts = value.get("alerts", [])
+    if not isinstance(alerts, list) or any(
+        isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a <= 1 for a in alerts
+    ):
+        p.add(f"{place}.alerts", "must be an array of fractions of the budget, e.g. [0.5, 0.8, 1.0]")
+    elif len(set(alerts)) != len(alerts):
+        p.add(f"{place}.alerts", "lists a threshold twice")
     if len(p.lines) > before:
         return None
-    return BudgetSpec(period, tokens, None if cost is None else float(cost))
+    return BudgetSpec(
+        period, tokens, None if cost is None else float(cost), tuple(sorted(float(a) for a in alerts))
+    )
 
 
 def _role(p: Problems, place: str, item: dict[str, Any]) -> RoleSpec | None:
@@ -662,7 +791,9 @@ def _principal(p: Problems, place: str, item: dict[str, Any]) -> PrincipalSpec |
 
 
 def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
-    p.unknown_fields(place, item, ("name", "principal", "secret", "expires_at", "limits"))
+    p.unknown_fields(
+        place, item, ("name", "principal", "secret", "expires_at", "limits", "allow_ips", "models")
+    )
     ok = True
     name = _name(p, place, item)
     principal = _name(p, place, item, "principal")
@@ -684,9 +815,18 @@ def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
         before = len(p.lines)
         limits = _limits(p, f"{place}.limits", item["limits"])
         ok = ok and len(p.lines) == before
+    allow_ips: tuple[str, ...] = ()
+    if "allow_ips" in item:
+        networks = parse_networks(p, f"{place}.allow_ips", item["allow_ips"])
+        ok = ok and networks is not None
+        allow_ips = networks or ()
+    models: tuple[str, ...] | None = None
+    if "models" in item:
+        models = _names(p, f"{place}.models", item["models"], required=True)
+        ok = ok and models is not None
     if not ok or name is None or principal is None:
         return None
-    return KeySpec(name, principal, secret, expires_at, limits)
+    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models)
 
 
 def _check_references(
@@ -741,6 +881,9 @@ def _check_references(
     for pl, k in keys:
         if k.principal not in principal_names:
             p.add(f"{pl}.principal", f"unknown principal {k.principal!r}")
+        for i, model in enumerate(k.models or ()):
+            if model not in callable_names:
+                p.add(f"{pl}.models[{i}]", f"unknown model name {model!r}")
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -809,6 +952,8 @@ def _toml_budget(spec: BudgetSpec) -> str:
         fields.append(f"tokens = {spec.tokens}")
     if spec.cost is not None:
         fields.append(f"cost = {spec.cost!r}")
+    if spec.alerts:
+        fields.append("alerts = [" + ", ".join(repr(a) for a in spec.alerts) + "]")
     return "{ " + ", ".join(fields) + " }"
 
 
@@ -821,6 +966,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
     """``doc`` as TOML that ``parse_config`` reads back to an equal document (secrets included if set)."""
     lines: list[str] = [f"# {line}" if line else "#" for line in header.splitlines()]
     for b in doc.backends:
+        if b.credential_of is not None:
+            continue  # written under its backend
         lines += ["", "[[backends]]", f"name = {_toml_str(b.name)}", f"url = {_toml_str(b.url)}"]
         lines.append(f"protocol = {_toml_str(b.protocol)}")
         if b.api_key is not None:
@@ -836,6 +983,19 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             value = getattr(b, key)
             if value is not None:
                 lines.append(f"{key} = {toml_value(value)}")
+        for c in doc.backends:
+            if c.credential_of == b.name:
+                lines += ["", "[[backends.credentials]]"]
+                lines.append(f"name = {_toml_str(c.name[len(b.name) + 1 :])}")
+                if c.api_key is not None:
+                    lines.append(f"api_key = {_toml_str(c.api_key)}")
+                if c.api_key_env is not None:
+                    lines.append(f"api_key_env = {_toml_str(c.api_key_env)}")
+                if c.api_key_file is not None:
+                    lines.append(f"api_key_file = {_toml_str(c.api_key_file)}")
+                for key in ("requests_per_minute", "tokens_per_minute", "cool_down"):
+                    if (value := getattr(c, key)) is not None:
+                        lines.append(f"{key} = {toml_value(value)}")
     for pm in doc.provider_models:
         entries = ", ".join(
             f"{{ backend = {_toml_str(e.backend)}, model = {_toml_str(e.model)} }}" for e in pm.backends
@@ -843,11 +1003,15 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines += ["", "[[provider_models]]", f"name = {_toml_str(pm.name)}", f"backends = [{entries}]"]
         if pm.price is not None:
             lines.append(f"price = {_toml_price(pm.price)}")
+        if pm.context_window is not None:
+            lines.append(f"context_window = {pm.context_window}")
     for m in doc.models:
         lines += ["", "[[models]]", f"name = {_toml_str(m.name)}", f"chain = {_toml_list(m.chain)}"]
         lines.append(f"aliases = {_toml_list(m.aliases)}")
         if m.price is not None:
             lines.append(f"price = {_toml_price(m.price)}")
+        if m.context_failover:
+            lines.append("context_failover = true")
         for rule in m.rules:
             lines += ["", "[[models.rules]]"]
             lines += [f"{k} = {toml_value(v)}" for k, v in rule.as_dict().items()]
@@ -855,6 +1019,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines += ["", "[[pools]]"] + [f"{k} = {toml_value(v)}" for k, v in pool.as_dict().items()]
     if doc.fallback is not None:
         lines += ["", "[routing]", f"fallback = {_toml_str(doc.fallback)}"]
+    for spec in doc.prompt_classes:
+        lines += ["", "[[prompt_classes]]"] + [f"{k} = {toml_value(v)}" for k, v in spec.as_dict().items()]
     for r in doc.roles:
         lines += [
             "",
@@ -879,4 +1045,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"expires_at = {_toml_str(_rfc3339(k.expires_at))}")
         if k.limits is not None:
             lines.append(f"limits = {_toml_limits(k.limits)}")
+        if k.allow_ips:
+            lines.append(f"allow_ips = {_toml_list(k.allow_ips)}")
+        if k.models is not None:
+            lines.append(f"models = {_toml_list(k.models)}")
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -1,7 +1,8 @@
 """``POST /admin/routing/dry-run``: where a request would go, decided by the same function the request
 path uses (``Snapshot.decide``) on the snapshot the control plane last built, sending nothing.
 
-The request names the model, optionally the principal (by name: its roles and permissions then count),
+The request names the model, optionally the principal (by name: its roles and permissions then count), a
+key (by name) and the client address it would come from (its ``allow_ips`` and ``models`` then count),
 headers and the JSON body the client would send (as an object, or as its exact text when the bytes
 matter, as they do to prefix affinity). The answer is the decision — the model that decided
 (after delegations), the rule that matched or none (the model's chain), the ordered targets, or the
@@ -18,7 +19,10 @@ import orjson
 
 from gateway.errors import BadRequest, NotFound
 from gateway.protocol.openai_request import inspect_json
+from gateway.routing.context import fitting, refusal
 from gateway.routing.load import Load
+from gateway.routing.plan import Decision
+from gateway.routing.prompt_classes import prompt_text
 from gateway.routing.rules import Facts
 from gateway.snapshot import Principal, Snapshot
 
@@ -65,13 +69,76 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         info.max_tokens,
         info.stream,
         body,
+        classifier=snapshot.classifier,
     )
     decision = snapshot.decide(route, facts, load)
-    return {
+    answer = {
         "called": info.model,
         "allowed": principal.may_use(route.name),
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
+    }
+    if snapshot.classifier is not None:
+        # Every class's score, as the rules would see them (the dry run always classifies; the request
+        # path only when a rule asks).
+        name, score = facts.prompt_class()
+        scores = snapshot.classifier.scores(prompt_text(body))
+        answer["prompt_class"] = {
+            "name": name,
+            "score": score,
+            "scores": {c.name: round(s, 4) for c, s in zip(snapshot.classifier.classes, scores, strict=True)},
+        }
+    if snapshot.windows and decision.refused is None:
+        answer["context"] = _context_decision(snapshot, decision, facts)
+    if request.get("key") is not None:
+        answer["key"] = _key_decision(
+            snapshot, request["key"], request.get("client_ip"), route.name, info.model
+        )
+    return answer
+
+
+def _context_decision(snapshot: Snapshot, decision: Decision, facts: Facts) -> dict[str, Any]:
+    """Which targets the request's estimated size fits, as the request path decides it."""
+    wanted = facts.max_tokens or 0
+    needed = facts.prompt_tokens + wanted
+    fit = fitting(decision.targets, needed)
+    decided = snapshot.routes.get(decision.model)
+    return {
+        "needed_tokens": needed,
+        "skipped": [
+            {
+                "backend": t.backend.name,
+                "provider_model": t.provider_model,
+                "context_window": t.context_window,
+            }
+            for t in decision.targets
+            if t not in fit
+        ],
+        "refusal": None
+        if fit
+        else refusal(decision.model, decision.targets, facts.prompt_tokens, wanted).message,
+        "context_failover": decided is not None and decided.context_failover,
+    }
+
+
+def _key_decision(
+    snapshot: Snapshot, name: Any, client_ip: Any, route_name: str, called: str
+) -> dict[str, Any]:
+    """What a key's own rules (``allow_ips``, ``models``) say of this request from ``client_ip``."""
+    if not isinstance(name, str) or (client_ip is not None and not isinstance(client_ip, str)):
+        raise BadRequest("key must be a key's name, client_ip an address", param="key")
+    rules = next((k.rules for k in snapshot.keys.values() if k.rules and k.rules.name == name), None)
+    if rules is None:  # only keys with rules are named in the snapshot; any other key has none
+        return {"name": name, "rules": None, "refusal": None}
+    refusal = rules.address_refusal(client_ip) if client_ip is not None else None
+    refusal = refusal or rules.model_refusal(route_name, called)
+    return {
+        "name": name,
+        "rules": {
+            "allow_ips": [str(n) for n in rules.networks],
+            "models": None if rules.models is None else sorted(rules.models),
+        },
+        "refusal": refusal,
     }
 
 

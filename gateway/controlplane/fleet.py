@@ -40,7 +40,8 @@ def host_report(
     stats = WorkerStats(shared.stats)
     documents = stats.documents()
     workers = [
-        {k: v for k, v in doc.items() if k not in ("backends", "traffic", "live")} | {"index": index}
+        {k: v for k, v in doc.items() if k not in ("backends", "traffic", "live", "credentials")}
+        | {"index": index}
         for index, doc in documents
     ]
     backends = sum_backends([doc for _, doc in documents])
@@ -67,9 +68,43 @@ def host_report(
         "proxy_workers": workers,
         "in_flight": sum(w.get("in_flight", 0) for w in workers),
         "backends": backends,
+        "credentials": sum_credentials([doc for _, doc in documents]),
         "usage_pending": pending + sum(w.get("usage_backlog", 0) for w in workers),
         **(extra or {}),
     }
+
+
+# The state a host shows for a credential when its workers disagree: the worst any of them saw.
+_SEVERITY = {"ok": 0, "cooling": 1, "disabled": 2}
+
+
+def sum_credentials(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each pool credential (``backend/name``) over the host's workers: answers and failures summed, the
+    worst state any worker holds it in (a key one worker saw refused is disabled there and soon in all),
+    the longest cool-down and the latest error."""
+    out: dict[str, dict[str, Any]] = {}
+    for doc in documents:
+        for name, c in (doc.get("credentials") or {}).items():
+            entry = out.setdefault(
+                name,
+                {
+                    "state": "ok",
+                    "answered": 0,
+                    "failed": 0,
+                    "cooling_for": None,
+                    "last_error": None,
+                    "last_error_at": None,
+                },
+            )
+            entry["answered"] += c.get("answered", 0)
+            entry["failed"] += c.get("failed", 0)
+            if _SEVERITY.get(c.get("state"), 0) > _SEVERITY[entry["state"]]:
+                entry["state"] = c["state"]
+            if c.get("cooling_for") is not None:
+                entry["cooling_for"] = max(entry["cooling_for"] or 0.0, c["cooling_for"])
+            if (c.get("last_error_at") or 0) > (entry["last_error_at"] or 0):
+                entry["last_error"], entry["last_error_at"] = c["last_error"], c["last_error_at"]
+    return out
 
 
 def _add_engines(stats: WorkerStats, backends: dict[str, dict[str, Any]], table: BucketTable) -> None:

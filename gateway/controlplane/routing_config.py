@@ -26,6 +26,7 @@ Conditions are listed in ``gateway.routing.rules``; here they keep their file fo
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,12 +42,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND_FLOW_FIELDS",
+    "CREDENTIAL_ROW_FIELDS",
     "DAYS",
     "PoolSpec",
+    "PromptClassSpec",
     "RoutingRows",
     "RuleSpec",
     "check_routing",
+    "parse_networks",
     "parse_pool",
+    "parse_prompt_class",
     "parse_rules",
     "routing_from_rows",
     "routing_rows",
@@ -55,7 +60,7 @@ __all__ = [
 
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _HOURS = re.compile(r"([01]\d|2[0-3]):([0-5]\d)-([01]\d|2[0-4]):([0-5]\d)")
-_LIST_CONDITIONS = ("user", "principals", "roles")
+_LIST_CONDITIONS = ("user", "principals", "roles", "prompt_class")
 _COUNT_CONDITIONS = ("prompt_tokens_min", "prompt_tokens_max", "max_tokens_min", "max_tokens_max")
 _RULE_FIELDS = ("name", "when", "route", "refuse", "delegate", "tag", "policy")
 _WHEN_FIELDS = (
@@ -88,6 +93,55 @@ class PoolSpec:
         if self.max_inflight is not None:
             out["max_inflight"] = self.max_inflight
         return out
+
+
+MAX_CLASSES = 64
+MAX_EXAMPLES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PromptClassSpec:
+    """A prompt class (``[[prompt_classes]]``): example prompts, optional keywords, the least score."""
+
+    name: str
+    examples: tuple[str, ...]
+    keywords: tuple[str, ...] = ()
+    min_score: float | None = None  # None: gateway.routing.prompt_classes' default
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "examples": list(self.examples)}
+        if self.keywords:
+            out["keywords"] = list(self.keywords)
+        if self.min_score is not None:
+            out["min_score"] = self.min_score
+        return out
+
+
+def parse_prompt_class(p: Problems, place: str, item: dict[str, Any]) -> PromptClassSpec | None:
+    p.unknown_fields(place, item, ("name", "examples", "keywords", "min_score"))
+    before = len(p.lines)
+    name = item.get("name")
+    if not isinstance(name, str) or not name or len(name) > 200 or name != name.strip():
+        p.add(f"{place}.name", "must be a non-empty name")
+    examples = item.get("examples")
+    if not isinstance(examples, list) or not examples or len(examples) > MAX_EXAMPLES:
+        p.add(f"{place}.examples", f"must be an array of 1 to {MAX_EXAMPLES} example prompts")
+    elif not all(isinstance(e, str) and e.strip() for e in examples):
+        p.add(f"{place}.examples", "every example must be a non-empty string")
+    keywords = item.get("keywords", [])
+    if not isinstance(keywords, list) or not all(isinstance(k, str) and k.strip() for k in keywords):
+        p.add(f"{place}.keywords", "must be an array of non-empty strings")
+    min_score = item.get("min_score")
+    if min_score is not None and (
+        isinstance(min_score, bool) or not isinstance(min_score, int | float) or not 0 <= min_score <= 1
+    ):
+        p.add(f"{place}.min_score", "must be a number between 0 and 1")
+    if len(p.lines) > before:
+        return None
+    assert isinstance(name, str) and isinstance(examples, list)
+    return PromptClassSpec(
+        name, tuple(examples), tuple(keywords), None if min_score is None else float(min_score)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +239,27 @@ def _when(p: Problems, place: str, raw: Any) -> dict[str, Any] | None:
         else:
             out["days"] = [d for d in DAYS if d in days]
     return out
+
+
+MAX_NETWORKS = 256
+
+
+def parse_networks(p: Problems, place: str, raw: Any) -> tuple[str, ...] | None:
+    """A key's ``allow_ips``: CIDRs (or single addresses), normalised (``10.1.2.3/8`` is refused: host bits
+    set is nearly always a typo for a narrower network than the operator meant)."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_NETWORKS:
+        p.add(place, f'must be a non-empty array of at most {MAX_NETWORKS} CIDRs, e.g. ["10.0.0.0/8"]')
+        return None
+    out: list[str] = []
+    for i, value in enumerate(raw):
+        try:
+            out.append(str(ipaddress.ip_network(value, strict=True)) if isinstance(value, str) else "")
+        except ValueError as exc:
+            p.add(f"{place}[{i}]", f"not a network: {exc}")
+            continue
+        if not out[-1]:
+            p.add(f"{place}[{i}]", 'must be a string such as "192.0.2.0/24"')
+    return tuple(out) if len(out) == len(raw) and all(out) else None
 
 
 def parse_rules(p: Problems, place: str, raw: Any) -> tuple[RuleSpec, ...] | None:
@@ -311,6 +386,7 @@ def check_routing(
     rules: list[tuple[str, str, tuple[RuleSpec, ...]]],  # (place of the model, its name, its rules)
     fallback: str | None,
     names: dict[str, set[str]],  # declared: provider_models, models, aliases, roles, principals
+    classes: Iterable[tuple[str, PromptClassSpec]] = (),
 ) -> None:
     """References between routing entries and the rest; delegation cycles."""
     provider_models = names.get("provider_models", set())
@@ -337,6 +413,9 @@ def check_routing(
                     p.add(f"{place}.delegate", f"unknown frontend model {rule.delegate!r}")
                 else:
                     delegates.setdefault(model, []).append(rule.delegate)
+            for value in rule.when.get("prompt_class", ()):
+                if value not in names.get("prompt_classes", set()):
+                    p.add(f"{place}.when.prompt_class", f"unknown prompt class {value!r}")
             for key, declared in (("roles", "roles"), ("principals", "principals")):
                 for value in rule.when.get(key, ()):
                     if value not in names.get(declared, set()):
@@ -344,6 +423,15 @@ def check_routing(
     for model_place, model, _ in rules:
         if _reaches(model, model, delegates, set()):
             p.add(f"{model_place}.rules", f"delegations starting at {model!r} come back to it")
+    seen_classes: dict[str, str] = {}
+    for place, spec in classes:
+        if spec.name in seen_classes:
+            p.add(
+                f"{place}.name", f"duplicate prompt class {spec.name!r} (first at {seen_classes[spec.name]})"
+            )
+        seen_classes.setdefault(spec.name, place)
+    if len(seen_classes) > MAX_CLASSES:
+        p.add("prompt_classes", f"at most {MAX_CLASSES} prompt classes")
     if fallback is not None and fallback not in models and fallback not in provider_models:
         p.add("routing.fallback", f"unknown model {fallback!r}")
 
@@ -384,20 +472,41 @@ BACKEND_FLOW_FIELDS = (
     "health_path",
     "responses_api",
 )
+# A pool credential's row (never a [[backends]] field): its backend, its quota and its cool-down.
+CREDENTIAL_ROW_FIELDS = ("credential_of", "requests_per_minute", "tokens_per_minute", "cool_down")
+_BACKEND_ROW_FIELDS = (*BACKEND_FLOW_FIELDS, *CREDENTIAL_ROW_FIELDS)
 
 
 def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
     """The routing entries of ``cfg`` as ``routing_entries`` rows."""
     rows: list[tuple[str, str, str]] = []
     for b in cfg.backends:
-        flow = {k: getattr(b, k) for k in BACKEND_FLOW_FIELDS if getattr(b, k) is not None}
+        flow = {k: getattr(b, k) for k in _BACKEND_ROW_FIELDS if getattr(b, k) is not None}
         if flow:
             rows.append(("backend", b.name, orjson.dumps(flow).decode()))
+    for pm in cfg.provider_models:
+        if pm.context_window is not None:
+            rows.append(("context", pm.name, str(pm.context_window)))
     for m in cfg.models:
+        if m.context_failover:
+            rows.append(("model", m.name, '{"context_failover":true}'))
         if m.rules:
             rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
     for pool in cfg.pools:
         rows.append(("pool", pool.name, orjson.dumps(pool.as_dict()).decode()))
+    for pr in cfg.principals:
+        if pr.budget is not None and pr.budget.alerts:
+            rows.append(("alerts", pr.name, orjson.dumps(list(pr.budget.alerts)).decode()))
+    for order, spec in enumerate(cfg.prompt_classes):
+        rows.append(("class", spec.name, orjson.dumps({"order": order, **spec.as_dict()}).decode()))
+    for k in cfg.keys:
+        if k.allow_ips or k.models is not None:
+            rule: dict[str, Any] = {}
+            if k.allow_ips:
+                rule["allow_ips"] = list(k.allow_ips)
+            if k.models is not None:
+                rule["models"] = list(k.models)
+            rows.append(("key", k.name, orjson.dumps(rule).decode()))
     if cfg.fallback is not None:
         rows.append(("setting", "fallback", orjson.dumps(cfg.fallback).decode()))
     return rows
@@ -410,6 +519,11 @@ class RoutingRows:
     pools: tuple[PoolSpec, ...]
     fallback: str | None
     skipped: list[str]  # "kind name: why" of rows that no longer parse
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models
+    windows: dict[str, int] = field(default_factory=dict)  # provider model -> context window
+    context_failover: frozenset[str] = frozenset()  # frontend models that allow it
+    classes: tuple[PromptClassSpec, ...] = ()  # in declaration order
+    alerts: dict[str, tuple[float, ...]] = field(default_factory=dict)  # principal name -> thresholds
 
 
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
@@ -419,6 +533,11 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     pools: list[PoolSpec] = []
     fallback: str | None = None
     skipped: list[str] = []
+    keys: dict[str, dict[str, Any]] = {}
+    windows: dict[str, int] = {}
+    failover: set[str] = set()
+    classes: list[tuple[int, PromptClassSpec]] = []
+    alerts: dict[str, tuple[float, ...]] = {}
     for kind, name, body in rows:
         p = Problems()
         try:
@@ -427,7 +546,7 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
             skipped.append(f"{kind} {name}: {exc}")
             continue
         if kind == "backend" and isinstance(value, dict):
-            p.unknown_fields(name, value, BACKEND_FLOW_FIELDS)
+            p.unknown_fields(name, value, _BACKEND_ROW_FIELDS)
             if not p.lines:
                 backends[name] = value
         elif kind == "rules":
@@ -440,8 +559,47 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
                 pools.append(pool)
         elif kind == "setting" and name == "fallback" and isinstance(value, str):
             fallback = value
+        elif kind == "alerts" and isinstance(value, list):
+            if all(isinstance(a, int | float) and not isinstance(a, bool) and 0 < a <= 1 for a in value):
+                alerts[name] = tuple(sorted(float(a) for a in value))
+            else:
+                p.add(name, "alert thresholds must be fractions of the budget")
+        elif kind == "class" and isinstance(value, dict):
+            order = value.pop("order", 0)
+            spec = parse_prompt_class(p, name, value)
+            if spec is not None and not p.lines:
+                classes.append((order if isinstance(order, int) else 0, spec))
+        elif kind == "context":
+            if _count(p, name, value, minimum=1) is not None:
+                windows[name] = value
+        elif kind == "model" and isinstance(value, dict):
+            p.unknown_fields(name, value, ("context_failover",))
+            if value.get("context_failover") is True:
+                failover.add(name)
+        elif kind == "key" and isinstance(value, dict):
+            p.unknown_fields(name, value, ("allow_ips", "models"))
+            if "allow_ips" in value:
+                parse_networks(p, f"{name}.allow_ips", value["allow_ips"])
+            models = value.get("models")
+            if models is not None and not (
+                isinstance(models, list) and all(isinstance(m, str) for m in models)
+            ):
+                p.add(f"{name}.models", "must be an array of model names")
+            if not p.lines:
+                keys[name] = value
         else:
             p.add(name, f"unknown routing entry kind {kind!r}")
         if p.lines:
             skipped.append(f"{kind} {name}: {'; '.join(p.lines)}")
-    return RoutingRows(backends, rules, tuple(pools), fallback, skipped)
+    return RoutingRows(
+        backends,
+        rules,
+        tuple(pools),
+        fallback,
+        skipped,
+        keys,
+        windows,
+        frozenset(failover),
+        tuple(spec for _, spec in sorted(classes, key=lambda c: c[0])),
+        alerts,
+    )

@@ -60,7 +60,16 @@ ALLOW_ALL = "model/*"
 _MODEL_PERMISSION = "model/"
 _HEX64 = re.compile(r"[0-9a-f]{64}")  # fullmatch
 _GLOB_CHARS = frozenset("*?[")
-_LIMIT_KEYS = ("rpm", "tpm", "concurrency")  # the store's limit_rpm, limit_tpm, limit_concurrency
+_LIMIT_KEYS = ("rpm", "tpm", "concurrency")
+# A backend's settings the document carries as they are (health_path is resolved apart; a credential's
+# fields are folded into its backend by _fold_credentials).
+_FLOW_DOC = (
+    "max_concurrency",
+    "waiting_high_water",
+    "queue_size",
+    "queue_timeout",
+    "responses_api",
+)  # the store's limit_rpm, limit_tpm, limit_concurrency
 
 
 def build_snapshot_doc(store: Store, *, now: float | None = None) -> dict[str, Any]:
@@ -122,13 +131,13 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     routes, aliases_of = _routes(state, backends, skip)
     pools = _pools(routing, routes, skip)
     _rules(routing, routes, pools, skip)
-    principals = _principals(state, routes, aliases_of, skip)
+    principals = _principals(state, routes, aliases_of, skip, routing.alerts)
     # Pattern aliases were routes like the others until now (rules, prices and grants reach them the same
     # way); the data plane tries them only when no route has the exact name, most specific first: the
     # longest pattern, then by name (the store keeps no config order).
     named = sorted((a for names in aliases_of.values() for a in names if is_pattern(a)), key=_specific)
     patterns = {a: routes.pop(a) for a in named}
-    keys = _keys(state, principals, now, skip)
+    keys = _keys(state, principals, now, skip, _key_rules(routing, routes, aliases_of))
     skip.summarise(state.revision)
     doc = {
         "schema": SCHEMA,
@@ -143,6 +152,14 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     }
     if patterns:
         doc["alias_patterns"] = patterns
+    if routing.classes:
+        doc["prompt_classes"] = [spec.as_dict() for spec in routing.classes]
+    windows = {pm: w for pm, w in routing.windows.items() if routes.get(pm, {}).get("kind") == "provider"}
+    if windows:
+        doc["context_windows"] = windows
+    for entry in (*routes.values(), *patterns.values()):
+        if entry["kind"] == "frontend" and entry["canonical"] in routing.context_failover:
+            entry["context_failover"] = True
     if routing.fallback is not None:
         if routing.fallback in routes:
             doc["fallback"] = routing.fallback
@@ -183,11 +200,41 @@ def _backends(state: StoreState, routing: RoutingRows, skip: _Skips) -> dict[str
             "read_timeout": timeouts[2],
         }
         flow = routing.backends.get(name, {})
-        out[name].update({k: v for k, v in flow.items() if k != "health_path" and v is not None})
+        out[name].update({k: v for k, v in flow.items() if k in _FLOW_DOC and v is not None})
         health_path = flow.get("health_path")
         if health_path is None and protocol == "openai":
             health_path = DEFAULT_HEALTH_PATH
         out[name]["health_path"] = health_path or None
+    return _fold_credentials(out, routing, skip)
+
+
+_CREDENTIAL_DOC = {"requests_per_minute": "rpm", "tokens_per_minute": "tpm", "cool_down": "cool_down"}
+
+
+def _fold_credentials(
+    out: dict[str, dict[str, Any]], routing: RoutingRows, skip: _Skips
+) -> dict[str, dict[str, Any]]:
+    """Each credential row into its backend's ``"credentials"`` (by name, in name order). A backend that
+    declares credentials and has none left that opens is skipped: sending its requests without a
+    credential would only earn 401s."""
+    pooled: set[str] = set()
+    for name in sorted(routing.backends):
+        flow = routing.backends[name]
+        parent = flow.get("credential_of")
+        if parent is None:
+            continue
+        pooled.add(parent)
+        row = out.pop(name, None)
+        if row is None or parent not in out or not row["api_key"]:
+            skip(f"credential {name!r}", "unreadable or without a key, or its backend is unusable")
+            continue
+        entry: dict[str, Any] = {"name": name[len(parent) + 1 :], "api_key": row["api_key"]}
+        entry.update({doc: flow[k] for k, doc in _CREDENTIAL_DOC.items() if flow.get(k) is not None})
+        out[parent].setdefault("credentials", []).append(entry)
+    for parent in pooled:
+        if parent in out and not out[parent].get("credentials"):
+            skip(f"backend {parent!r}", "none of its credentials is usable")
+            del out[parent]
     return out
 
 
@@ -387,7 +434,11 @@ def _grants(
 
 
 def _principals(
-    state: StoreState, routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]], skip: _Skips
+    state: StoreState,
+    routes: dict[str, dict[str, Any]],
+    aliases_of: dict[str, list[str]],
+    skip: _Skips,
+    alerts: dict[str, tuple[float, ...]],
 ) -> dict[str, dict[str, Any]]:
     permissions: dict[str, set[str]] = {}
     for name in state.roles:
@@ -435,6 +486,8 @@ def _principals(
             continue
         try:
             limits.setdefault(pid, {})["budget"] = _budget(budget_values)
+            if names[pid] in alerts:
+                limits[pid]["budget"]["alerts"] = list(alerts[names[pid]])
         except ValueError as exc:
             skip(f"principal {pid!r}", str(exc))
             del names[pid]
@@ -468,11 +521,33 @@ def _principals(
     return out
 
 
+def _key_rules(
+    routing: RoutingRows, routes: dict[str, dict[str, Any]], aliases_of: dict[str, list[str]]
+) -> dict[str, dict[str, Any]]:
+    """Each restricted key's rules as the document carries them: its networks, and its model list granted
+    the way a role's permissions are (a frontend model brings its aliases; a pattern alias is matched)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, rule in routing.keys.items():
+        entry: dict[str, Any] = {}
+        if rule.get("allow_ips"):
+            entry["allow_ips"] = list(rule["allow_ips"])
+        if rule.get("models") is not None:
+            entry["models"] = _grants(
+                frozenset(_MODEL_PERMISSION + m for m in rule["models"]), routes, aliases_of
+            )[1]
+        out[name] = entry
+    return out
+
+
 def _keys(
-    state: StoreState, principals: dict[str, dict[str, Any]], now: float, skip: _Skips
+    state: StoreState,
+    principals: dict[str, dict[str, Any]],
+    now: float,
+    skip: _Skips,
+    rules: dict[str, dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for key_id, _name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
+    for key_id, name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
         if revoked_at is not None:
             continue
         if pid not in principals:
@@ -500,5 +575,8 @@ def _keys(
         entry: dict[str, Any] = {"id": str(key_id), "principal": pid, "expires_at": expires}
         if limits is not None:
             entry["limits"] = limits
+        if name is not None and name in rules:
+            entry["name"] = name
+            entry.update(rules[name])
         out[key_hash] = entry
     return out

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from gateway.budget import Budget, window_key
+from gateway.controlplane.budget_alerts import Alert, BudgetAlerts
 from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.otel import OtelExporter
 from gateway.controlplane.requests_view import FlightRecorder
@@ -81,6 +82,7 @@ class UsageSink:
         # Where access-log lines go (the control worker's stdout), or None for none.
         self.access_log: Callable[[bytes], object] | None = None
         self.principal_names: dict[str, str] = {}
+        self.alerts = BudgetAlerts()
         self.bases: dict[str, _Base] = {}
         self.malformed = 0
         self.written = 0
@@ -168,7 +170,14 @@ class UsageSink:
             if budget is not None:
                 budgets[pid] = budget
         self.budgets = budgets
+        self.alerts.set_thresholds(principals)
         self.recompute(now)
+
+    def check_alerts(self, now: float | None = None) -> list[Alert]:
+        """The budget alerts newly due, from each budget's current window spend (live plus base)."""
+        now = time.time() if now is None else now
+        spend = {pid: self.table.spend(base.key) for pid, base in self.bases.items()}
+        return self.alerts.check(self.budgets, spend, self.principal_names, now)
 
     def tick(self, now: float | None = None) -> None:
         """Recompute when a window rolled over or the refresh interval passed."""

@@ -35,11 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import orjson
 from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from gateway.config import Settings, load_hash_key
+from gateway.controlplane import budget_alerts
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.commands import apply_file
@@ -102,6 +104,8 @@ class ControlWorker:
         self._changed = asyncio.Event()
         self.fleet = Fleet()
         self._outages: dict[str, _Outage] = {}  # by step: the loop's steps that fail on the store
+        self._webhook_tasks: set[asyncio.Task[None]] = set()
+        self._webhook_client: httpx.AsyncClient | None = None
         self._current: tuple[int, bytes] | None = None  # (revision, document) last built
         self._doc: dict[str, Any] | None = None
         self.store: Store
@@ -308,7 +312,7 @@ class ControlWorker:
             host["revision"] = self._current[0]
             host["snapshot_age_s"] = round(time.time() - float(self._doc.get("built_at", time.time())), 3)
         assert self.sink is not None
-        text = self.sink.metrics.render(host)
+        text = self.sink.metrics.render(host) + "\n".join(self.sink.alerts.render()) + "\n"
         if self.sink.exporter is not None:
             text += "\n".join(self.sink.exporter.metrics_lines()) + "\n"
         return text.encode()
@@ -351,6 +355,15 @@ class ControlWorker:
             if not self.sink.drain():
                 break
         self.sink.tick()
+        due = self.sink.check_alerts()
+        url = self.settings.budget_alert_webhook
+        if due and url:
+            # Sent beside the loop, never in it: a slow webhook must not hold up the usage drain.
+            if self._webhook_client is None:
+                self._webhook_client = httpx.AsyncClient()
+            task = asyncio.get_running_loop().create_task(budget_alerts.send(self._webhook_client, url, due))
+            self._webhook_tasks.add(task)
+            task.add_done_callback(self._webhook_tasks.discard)
 
     async def drain_orphaned(self) -> None:
         """The supervisor died (``kill -9``): the kernel sent SIGTERM to every worker at once (their

@@ -23,7 +23,8 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
-from gateway.dataplane.clients import ClientLimiter
+from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
+from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
@@ -31,6 +32,7 @@ from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.trace_context import operation_of, sample
 from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
+    AddressNotAllowed,
     BadRequest,
     Forbidden,
     GatewayError,
@@ -45,6 +47,8 @@ from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
 from gateway.protocol.paths import check_client_path
 from gateway.protocol.responses_openai import inspect_request as inspect_responses
+from gateway.routing.context import estimate_prompt_tokens, fitting
+from gateway.routing.context import refusal as context_refusal
 from gateway.routing.rules import Facts
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
@@ -96,6 +100,8 @@ class ProxyApp:
         self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
         self.bodies: BodyReader | None = None  # made on the worker's loop
         self.clients = clients if clients is not None and clients.active else None
+        # Who the client is, as --trusted-proxies decides it: per-key allow_ips test this address.
+        self.trusted = clients.trusted if clients is not None else TrustedProxies(settings.trusted_proxies)
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -112,8 +118,15 @@ class ProxyApp:
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
+        limiter = self.accounting.limiter if self.accounting is not None else None
         self.forwarder = Forwarder(
-            make_client(), self.settings.backend_cool_down, self.load, self.settings.stream_stall_timeout
+            make_client(),
+            self.settings.backend_cool_down,
+            self.load,
+            self.settings.stream_stall_timeout,
+            credentials=CredentialPools(limiter.table if limiter is not None else None),
+            max_attempts=self.settings.max_attempts,
+            backoff=self.settings.retry_backoff,
         )
         self.disconnects = DisconnectWatch(loop, self.settings.disconnect_watch_after)
         settings = self.settings
@@ -179,6 +192,7 @@ class ProxyApp:
                 if self.accounting is not None and self.accounting.usage is not None
                 else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
+                "credentials": forwarder.credentials.as_dict() if forwarder else {},
             }
             if self.accounting is not None:
                 document["live"] = self.accounting.live_doc(LIVE_LIMIT)
@@ -282,6 +296,11 @@ class ProxyApp:
         snap = self.snapshot
         headers = scope.headers
         key = self.authenticate(snap, headers)
+        key_rules = key.rules
+        if key_rules is not None and key_rules.networks:
+            refusal = key_rules.address_refusal(self.client_address(scope))
+            if refusal is not None:
+                raise AddressNotAllowed(refusal)
         method: str = scope.method
         if path == "/v1/models" and method == "GET":
             proto.response_bytes(200, _JSON, self.models_body(snap, key))
@@ -298,6 +317,8 @@ class ProxyApp:
         # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
         if not key.principal.may_use(route.name):
             raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        if key_rules is not None and (refusal := key_rules.model_refusal(route.name, info.model)):
+            raise Forbidden(refusal, param="model")
         if path == _COUNT_TOKENS:
             # An Anthropic backend counts for itself, exactly (and reads what it wants of the body); for a
             # route without one the gateway answers its estimate. Neither is rate-limited nor recorded.
@@ -313,13 +334,30 @@ class ProxyApp:
         facts = None
         if route.rules:
             prompt = len(body) // 4
-            facts = Facts(key.principal, headers, info.user, prompt, info.max_tokens, info.stream, body)
+            facts = Facts(
+                key.principal,
+                headers,
+                info.user,
+                prompt,
+                info.max_tokens,
+                info.stream,
+                body,
+                classifier=snap.classifier,
+            )
         decision = snap.decide(route, facts, self.load)
         if decision.refused is not None:
             status, message = decision.refused
             by_rule = decision.rule is not None and decision.rule.action == "refuse"
             raise RoutingRefused(status, message, by_rule=by_rule)
         targets = decision.targets
+        if snap.windows:  # one test when no provider model declares a context window
+            prompt, wanted = estimate_prompt_tokens(body), info.max_tokens or 0
+            fit = fitting(targets, prompt + wanted)
+            if not fit:
+                raise context_refusal(decision.model, targets, prompt, wanted)
+            targets = fit
+            decided = snap.routes.get(decision.model)
+            out.context_failover = decided is not None and decided.context_failover
         accounting = self.accounting
         exchange = None
         if accounting is not None:
@@ -367,6 +405,8 @@ class ProxyApp:
             if attempted is not None:
                 status = tap.status or attempted.status
                 backend = attempted.target.backend.name if attempted.target is not None else None
+                if backend is not None and attempted.credential is not None:
+                    backend += "/" + attempted.credential  # the credential by name, as the store has it
                 attempts = attempted.attempts
         except GatewayError as exc:
             status = exc.status
@@ -464,17 +504,26 @@ class ProxyApp:
             raise BadRequest("you must provide a model parameter", param="model")
         return inspect_json(body, top_members)
 
+    def client_address(self, scope: Any) -> str:
+        """The client's address: the socket's peer, or the hop a trusted proxy vouches for."""
+        peer = peer_address(scope.client or "")
+        if self.trusted:
+            return self.trusted.client_of(peer, scope.headers.get("x-forwarded-for"))
+        return peer
+
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
         principal = key.principal
-        cached = self._models_cache.get(principal.id)
+        narrowed = key.rules is not None and key.rules.models is not None
+        memo = "k:" + key.id if narrowed else principal.id
+        cached = self._models_cache.get(memo)
         if cached is None:
-            names = sorted(n for n in snap.routes if principal.may_use(n))
+            names = sorted(n for n in snap.routes if key.may_use(n))
             data = [
                 {"id": n, "object": "model", "created": int(snap.built_at), "owned_by": "gateway"}
                 for n in names
             ]
             cached = orjson.dumps({"object": "list", "data": data})
-            self._models_cache[principal.id] = cached
+            self._models_cache[memo] = cached
         return cached
 
     def forwarder_or_fail(self) -> Forwarder:

@@ -238,6 +238,10 @@ class Outgoing:
     default_max_tokens: int = 4096
     anthropic_version: str = ANTHROPIC_VERSION
     responses: dict[str, Any] | None = None  # the parsed body of a POST /v1/responses
+    # The model allows an upstream "context length exceeded" 400 to fail over (gateway.routing.context).
+    context_failover: bool = False
+    # The API key of the try under way when its backend has a credential pool (else the backend's own).
+    credential: str | None = None
 
     def prepare(self, target: Target) -> Upstream | None:
         protocol = target.backend.protocol
@@ -369,22 +373,24 @@ class Outgoing:
             return splice_model(self.body, info, target.upstream_model, model_span)
         return self.body
 
-    @staticmethod
-    def _bearer(target: Target, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        key = target.backend.api_key
+    def _key(self, target: Target) -> str | None:
+        return self.credential or target.backend.api_key
+
+    def _bearer(self, target: Target, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        key = self.credential or target.backend.api_key
         return [*headers, ("authorization", "Bearer " + key)] if key else headers
 
     def _anthropic_auth(self, target: Target, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
         out = list(headers)
         if not any(k.lower() == "anthropic-version" for k, _ in out):
             out.append(("anthropic-version", self.anthropic_version))
-        if target.backend.api_key:
-            out.append(("x-api-key", target.backend.api_key))
+        key = self._key(target)
+        if key:
+            out.append(("x-api-key", key))
         return out
 
-    @staticmethod
-    def _gemini_auth(target: Target) -> list[tuple[str, str]]:
-        key = target.backend.api_key
+    def _gemini_auth(self, target: Target) -> list[tuple[str, str]]:
+        key = self._key(target)
         return [_JSON, ("x-goog-api-key", key)] if key else [_JSON]
 
     @staticmethod

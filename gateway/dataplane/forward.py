@@ -30,6 +30,7 @@ from typing import Any
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
 from gateway.dataplane.backend_load import BackendLoad, Place
+from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing, Translation
 from gateway.dataplane.drain import WINDOW, ClientStalled, Drain
 from gateway.dataplane.http_client import (
@@ -44,7 +45,8 @@ from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
-from gateway.snapshot import Target
+from gateway.routing.context import says_context_exceeded
+from gateway.snapshot import Credential, Target
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
 
@@ -70,6 +72,7 @@ class Attempted:
     target: Target | None
     status: int
     attempts: int
+    credential: str | None = None  # the name of the pool's credential the answer came with
 
 
 def _response_headers(resp: UpstreamResponse) -> list[tuple[str, str]]:
@@ -114,6 +117,8 @@ class BackendHealth:
 # which is an engine shedding load) is cooling for ``cool_down`` seconds: routing leaves it out, and moves
 # to the deployment-wide fallback (or answers 503) when every target of a request is out.
 FAILURES_TO_COOL_DOWN = 3
+# What a credential of a pool may answer that is about the credential, not the backend or the request.
+_CREDENTIAL_REFUSALS = frozenset({401, 403, 429})
 
 
 class Forwarder:
@@ -123,12 +128,18 @@ class Forwarder:
         cool_down: float = 5.0,
         load: BackendLoad | None = None,
         stall_timeout: float = 60.0,
+        credentials: CredentialPools | None = None,
+        max_attempts: int = 5,
+        backoff: float = 0.05,
     ) -> None:
         self.client = client
         self.cool_down = cool_down  # 0 turns passive health off
         self.stall_timeout = stall_timeout  # seconds a stream waits for a client that takes nothing
         self.load = load if load is not None else BackendLoad(None, None)
         self.health: dict[str, BackendHealth] = {}
+        self.credentials = credentials if credentials is not None else CredentialPools()
+        self.max_attempts = max_attempts  # tries of one request, credentials and targets together
+        self.backoff = backoff  # seconds before the second try, doubling for each further one (to 1 s)
 
     def cool(self, name: str, health: BackendHealth) -> None:
         """Take the backend ``name`` out for ``cool_down`` seconds: it just failed too often in a row."""
@@ -152,15 +163,25 @@ class Forwarder:
         span: RequestSpan | None = None,
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
-        is full is passed over; if every remaining one is, the request waits for a place (bounded).
+        is full is passed over; if every remaining one is, the request waits for a place (bounded). A
+        target whose backend has a credential pool is tried with its usable credentials in turn, as long
+        as what failed was the credential (401, 403, 429); all tries share ``max_attempts``.
         ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
         a streamed answer wait for its client; it is read only by a stream that relayed a window. Each
         attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
         span id of its own, sent to the engine as ``traceparent``."""
         load = self.load
-        attempt = _Attempt(self, proto, out, len(targets), peer, trace, span)
+        attempt = _Attempt(self, proto, out, _planned(targets, self.max_attempts), peer, trace, span)
         full: list[Target] = []
         for target in targets:
+            if attempt.tries >= self.max_attempts:
+                break
+            if attempt.floor is not None and (target.context_window or 0) <= attempt.floor:
+                continue  # a context-length refusal: only a larger declared window may take it
+            if target.backend.credentials:
+                if await self._pooled(attempt, target):
+                    return attempt.result()
+                continue
             place = load.enter(target.backend)
             if place is None:
                 full.append(target)
@@ -175,6 +196,34 @@ class Forwarder:
             if await attempt.run(target, place):
                 return attempt.result()
         return attempt.give_up(proto)
+
+    async def _pooled(self, attempt: _Attempt, target: Target) -> bool:
+        """``target`` with each usable credential of its backend's pool until one answers, the backend
+        itself fails (the next target's turn), or the attempt budget is spent."""
+        out = self.out_tokens(attempt.out)
+        tried = False
+        for cred in self.credentials.usable(target.backend, out):
+            if attempt.tries >= self.max_attempts:
+                return False
+            place = self.load.enter(target.backend)
+            if place is None:
+                return False  # its gate is full: the next target rather than a wait for this one
+            tried = True
+            attempt.credential = cred
+            if await attempt.run(target, place):
+                return True
+            if not attempt.credential_refused:
+                return False
+        if not tried and attempt.error is None and attempt.kept is None:
+            attempt.error = NoCredential(f"no credential of backend {target.backend.name} is usable now")
+        return False
+
+    @staticmethod
+    def out_tokens(out: Outgoing) -> int:
+        """The request's token estimate for credentials' quotas: its size and its completion allowance."""
+        info = out.info
+        wanted = (info.max_tokens if info is not None else None) or out.default_max_tokens
+        return len(out.body) // 4 + wanted
 
     async def _relay(
         self, proto: Any, resp: UpstreamResponse, translation: Translation | None, peer: Peer | None
@@ -416,12 +465,24 @@ def _outcome(exc: UpstreamError) -> str:
     return "connect" if str(exc).startswith("cannot connect") else "error"
 
 
+class NoCredential(Exception):
+    """Every credential of a pool is disabled, cooling or out of quota."""
+
+
+def _planned(targets: tuple[Target, ...], max_attempts: int) -> int:
+    """How many tries the plan may make: a try per target, a try per credential of a pool."""
+    return min(max_attempts, sum(len(t.backend.credentials) or 1 for t in targets))
+
+
 class _Attempt:
     """One request's walk over its targets: the last 429/5xx answer kept for the client in case every
     target fails, the last error, and how many targets were tried."""
 
     __slots__ = (
+        "credential",
+        "credential_refused",
         "error",
+        "floor",
         "fwd",
         "kept",
         "last",
@@ -459,12 +520,22 @@ class _Attempt:
         self.target: Target | None = None
         self.status = 0
         self.refusal: BadRequest | None = None  # a translator's: this request cannot go to that protocol
+        self.floor: int | None = None  # after a context-length 400: the window that was too small
+        self.credential: Credential | None = None  # of the try under way (or the last one)
+        self.credential_refused = False  # the last try's credential was refused (401, 403, 429)
 
     async def run(self, target: Target, place: Place) -> bool:
         """Try ``target`` holding ``place``; True when its answer went to the client."""
         fwd = self.fwd
         backend = target.backend
+        if not backend.credentials:
+            self.credential = None
+        cred = self.credential
+        self.out.credential = cred.api_key if cred is not None else None
+        self.credential_refused = False
         try:
+            if self.tries and fwd.backoff > 0:  # a short pause before a retry: only failures pay for it
+                await asyncio.sleep(min(fwd.backoff * 2 ** (self.tries - 1), 1.0))
             up = self.out.prepare(target)
         except BadRequest as exc:  # the next target may speak a protocol that can carry the request
             self.refusal = self.refusal or exc
@@ -525,7 +596,20 @@ class _Attempt:
             if entry is not None:
                 entry[2] = status
                 entry[3] = round((time.perf_counter() - started) * 1000.0, 2)
-            if status == 429 or status >= 500:
+            if cred is not None and status in _CREDENTIAL_REFUSALS:
+                # The key's fault, not the backend's: its health is untouched, the next key is tried.
+                fwd.credentials.refused(backend, cred, status, _response_headers(resp))
+                self.credential_refused = True
+                if self.tries < self.last:
+                    try:
+                        body = await resp.read(KEPT_LIMIT)
+                        self.kept = (status, _response_headers(resp), body, up.translation)
+                    except UpstreamError:
+                        pass
+                    finally:
+                        resp.release()
+                    return False
+            elif status == 429 or status >= 500:
                 if health.fail(f"HTTP {status}") and status != 429:
                     fwd.cool(backend.name, health)
                 if status == 429:
@@ -539,12 +623,30 @@ class _Attempt:
                     finally:
                         resp.release()
                     return False
+            elif status == 400 and self.out.context_failover and self.tries < self.last:
+                # The one 4xx that may fail over: read it (bounded) to see whether it says so.
+                try:
+                    data = await resp.read(KEPT_LIMIT)
+                except UpstreamError:
+                    data = b""
+                finally:
+                    resp.release()
+                self.kept = (status, _response_headers(resp), data, up.translation)
+                if says_context_exceeded(data):
+                    self.floor = target.context_window or 0
+                    return False
+                self.send_kept(self.proto)
+                return True
             else:
                 health.answered += 1
                 health.consecutive = 0
+                if cred is not None:
+                    fwd.credentials.answered(cred)
             proto = self.proto
             if isinstance(proto, ResponseTap):  # the record names the backend even if the client leaves
-                proto.backend, proto.attempts = backend.name, self.tries
+                # A pool's credential by name, as the store keeps it (BACKEND/NAME): never its secret.
+                proto.backend = backend.name if cred is None else f"{backend.name}/{cred.name}"
+                proto.attempts = self.tries
             try:
                 await fwd._relay(proto, resp, up.translation, self.peer)
             except RelayAborted:
@@ -559,21 +661,31 @@ class _Attempt:
             fwd.load.leave(backend, place)
 
     def result(self) -> Attempted:
-        return Attempted(self.target, self.status, self.tries)
+        return Attempted(self.target, self.status, self.tries, self.credential_name())
+
+    def credential_name(self) -> str | None:
+        return self.credential.name if self.credential is not None and self.target is not None else None
+
+    def send_kept(self, proto: Any) -> int:
+        """The kept answer to the client, in its protocol; its status."""
+        assert self.kept is not None
+        status, hdrs, data, translation = self.kept
+        if translation is not None and not translation.verbatim:
+            data, hdrs = translation.error(status, data), [_JSON_TYPE]
+        proto.response_bytes(status, hdrs, data)
+        return status
 
     def give_up(self, proto: Any) -> Attempted:
         """Every target failed: the last kept answer goes to the client (in its protocol), or the gateway
         speaks."""
         if self.kept is not None:
-            status, hdrs, data, translation = self.kept
-            if translation is not None and not translation.verbatim:
-                data, hdrs = translation.error(status, data), [_JSON_TYPE]
-            proto.response_bytes(status, hdrs, data)
-            return Attempted(self.target, status, self.tries)
+            return Attempted(self.target, self.send_kept(proto), self.tries, self.credential_name())
         if isinstance(self.error, ClientTimeout):
             raise UpstreamTimeout("no backend answered in time for this model")
         if self.tries == 0 and self.refusal is not None:
             raise self.refusal
+        if self.tries == 0 and isinstance(self.error, NoCredential):
+            raise UpstreamUnavailable(f"{self.error}: try again later", headers={"retry-after": "1"})
         if self.tries == 0 and self.error is None:
             raise BadRequest(f"no backend of this model serves {self.out.path_qs.partition('?')[0]}")
         detail = f": {type(self.error).__name__}" if self.error is not None else ""

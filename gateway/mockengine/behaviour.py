@@ -51,6 +51,11 @@ class Behaviour:
     """Status ``/health`` answers with; failure injection never touches ``/health``."""
     record: bool = True
     """Keep copies of incoming requests for ``/mock/requests``; benchmarks turn this off."""
+    key_status: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Answer requests presenting one of these API keys (``Authorization: Bearer`` or ``x-api-key``) with
+    its status, as a provider refusing (401, 403) or rate-limiting (429) that key; other keys are served."""
+    retry_after: str | None = None
+    """``Retry-After`` header value on injected 429 answers."""
 
     def merged(self, update: Mapping[str, Any]) -> Behaviour:
         """A copy with ``update`` applied. Raises ``ValueError`` naming the first bad field."""
@@ -124,6 +129,12 @@ def _waiting(value: Any) -> int | dict[str, int]:
     return _count(value)
 
 
+def _dict(value: Any) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    return value
+
+
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda value: None if value is None else check(value)
 
@@ -146,5 +157,7 @@ _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "metrics_enabled": _bool,
     "health_status": _status,
     "record": _bool,
+    "key_status": lambda value: {_str(k): _status(v) for k, v in _dict(value).items()},
+    "retry_after": _optional(_str),
 }
 assert set(_VALIDATORS) == {f.name for f in dataclasses.fields(Behaviour)}

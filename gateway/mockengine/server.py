@@ -189,7 +189,10 @@ class MockEngine:
             if delay:
                 await self._pause(delay)
             fail_body = b.fail_body.encode() if b.fail_body is not None else _failure_body(fail, dialect)
-            proto.response_bytes(fail, r.JSON_HEADERS, fail_body)
+            headers = r.JSON_HEADERS
+            if fail == 429 and b.retry_after is not None:
+                headers = [*headers, ("retry-after", b.retry_after)]
+            proto.response_bytes(fail, headers, fail_body)
             return
         model = plan.model
         if model is not None:
@@ -219,6 +222,8 @@ class MockEngine:
             fail = _header_number(header_fail, int, "x-mock-fail-status")
             if not 200 <= fail <= 599:
                 raise r.MockRequestError(400, "x-mock-fail-status must be between 200 and 599")
+        elif b.key_status and (key := _api_key(headers)) in b.key_status:
+            fail = b.key_status[key]
         elif b.fail_status is not None and b.fail_count != 0:
             fail = b.fail_status
             if b.fail_count is not None:
@@ -447,3 +452,11 @@ async def serve(
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+
+
+def _api_key(headers: Any) -> str:
+    """The API key a request presents, as OpenAI (bearer) and Anthropic (x-api-key) clients send it."""
+    authorization: str = headers.get("authorization") or ""
+    if authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return str(headers.get("x-api-key") or headers.get("x-goog-api-key") or "")

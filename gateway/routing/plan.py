@@ -74,17 +74,24 @@ class Decision:
         }
 
 
-def _targets_of(entries: list[list[str]], backends: dict[str, Backend]) -> tuple[Target, ...]:
+def _targets_of(
+    entries: list[list[str]], backends: dict[str, Backend], windows: dict[str, int] | None = None
+) -> tuple[Target, ...]:
     from gateway.snapshot import Target
 
-    return tuple(Target(pm, backends[be], um) for pm, be, um, *_ in entries if be in backends)
+    windows = windows or {}
+    return tuple(
+        Target(pm, backends[be], um, windows.get(pm)) for pm, be, um, *_ in entries if be in backends
+    )
 
 
-def compile_pools(doc: dict[str, Any], backends: dict[str, Backend]) -> dict[str, Pool]:
+def compile_pools(
+    doc: dict[str, Any], backends: dict[str, Backend], windows: dict[str, int] | None = None
+) -> dict[str, Pool]:
     pools: dict[str, Pool] = {}
     for name, p in (doc or {}).items():
         entries = [e for e in p.get("targets", []) if e[1] in backends]
-        targets = _targets_of(entries, backends)
+        targets = _targets_of(entries, backends, windows)
         if not targets:
             continue
         weights = [int(e[3]) if len(e) > 3 else 1 for e in entries]
@@ -100,7 +107,10 @@ def compile_pools(doc: dict[str, Any], backends: dict[str, Backend]) -> dict[str
 
 
 def compile_rules(
-    docs: list[dict[str, Any]], backends: dict[str, Backend], pools: dict[str, Pool]
+    docs: list[dict[str, Any]],
+    backends: dict[str, Backend],
+    pools: dict[str, Pool],
+    windows: dict[str, int] | None = None,
 ) -> tuple[Rule, ...]:
     rules = []
     for index, doc in enumerate(docs or ()):
@@ -110,7 +120,7 @@ def compile_rules(
                 if step["pool"] in pools:
                     steps.append(pools[step["pool"]])
             else:
-                steps.extend(_targets_of(step.get("targets", []), backends))
+                steps.extend(_targets_of(step.get("targets", []), backends, windows))
         names = frozenset(t.backend.name for s in steps for t in (s.targets if isinstance(s, Pool) else (s,)))
         policy = None
         if doc.get("policy") and steps:

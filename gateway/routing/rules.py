@@ -10,6 +10,7 @@ delegate to another frontend model. Its ``when`` (snapshot form, normalised by t
      "prompt_tokens_min": 0, "prompt_tokens_max": 8000,   # the prompt estimate, bytes / 4
      "max_tokens_min": 1, "max_tokens_max": 4096,         # max_tokens as sent (absent counts as 0)
      "stream": true,
+     "prompt_class": ["code"],                # the prompt's class (gateway.routing.prompt_classes)
      "hours": [1320, 360], "days": [0, 1, 2, 3, 4],       # UTC minutes of the day [from, to), Monday = 0
      "max_inflight_per_backend": 32}          # some backend of the rule's targets has fewer in flight
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.routing.load import Load
+from gateway.routing.prompt_classes import Classifier, prompt_text
 
 if TYPE_CHECKING:
     from gateway.routing.plan import Step
@@ -46,6 +48,7 @@ CONDITIONS = (
     "hours",
     "days",
     "max_inflight_per_backend",
+    "prompt_class",
 )
 
 
@@ -61,6 +64,18 @@ class Facts:
     stream: bool
     body: bytes
     now: float = 0.0  # unix seconds; 0 means "ask the clock"
+    classifier: Classifier | None = None
+    _class: tuple[str | None, float] | None = None
+
+    def prompt_class(self) -> tuple[str | None, float]:
+        """The prompt's class and score, worked out once per request and only when a rule asks."""
+        got = self._class
+        if got is None:
+            classifier = self.classifier
+            got = self._class = (
+                classifier.classify(prompt_text(self.body)) if classifier is not None else (None, 0.0)
+            )
+        return got
 
 
 Test = Callable[[Facts, Load], bool]
@@ -77,6 +92,9 @@ def _tests(when: dict[str, Any], backends: frozenset[str]) -> tuple[Test, ...]:
     if "roles" in when:
         roles = frozenset(when["roles"])
         tests.append(lambda f, _: not roles.isdisjoint(f.principal.roles))
+    if "prompt_class" in when:
+        classes = frozenset(when["prompt_class"])
+        tests.append(lambda f, _: f.prompt_class()[0] in classes)
     if "user" in when:
         users = frozenset(when["user"])
         tests.append(lambda f, _: f.user in users)

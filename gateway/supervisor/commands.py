@@ -109,6 +109,22 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="seconds a streamed answer waits for a client that reads nothing before it is cut (60)",
     )
     p.add_argument(
+        "--budget-alert-webhook",
+        help="URL the control worker POSTs each budget alert to, as JSON (env GATEWAY_BUDGET_ALERT_WEBHOOK)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=positive_int,
+        help="tries of one request, failover targets and pool credentials together (5; env "
+        "GATEWAY_MAX_ATTEMPTS)",
+    )
+    p.add_argument(
+        "--retry-backoff",
+        type=float,
+        help="seconds before a request's second try, doubling for each further one up to 1 s (0.05; env "
+        "GATEWAY_RETRY_BACKOFF)",
+    )
+    p.add_argument(
         "--event-loop",
         choices=("uvloop", "asyncio"),
         help="proxy workers' event loop (uvloop; env GATEWAY_EVENT_LOOP)",

@@ -459,7 +459,7 @@ ERRORS: list[tuple[str, Mutation, str]] = [
     (
         "budget unknown field",
         _set("principals[0].budget", {"tokens": 1, "requests": 5}),
-        "principals[0].budget.requests: unknown field (expected one of: cost, period, tokens)",
+        "principals[0].budget.requests: unknown field (expected one of: alerts, cost, period, tokens)",
     ),
 ]
 
@@ -678,3 +678,54 @@ def test_dump_then_parse_round_trips_prices_and_budgets() -> None:
     assert 'budget = { period = "month", tokens = 1000000 }' in lines
     assert 'budget = { period = "90s", tokens = 7, cost = 0.30000000000000004 }' in lines
     assert parse_config(tomllib.loads(text), "dumped") == doc
+
+
+KEY_RULE_ERRORS = [
+    ({"allow_ips": "10.0.0.0/8"}, "keys[0].allow_ips: must be a non-empty array of at most 256 CIDRs"),
+    ({"allow_ips": ["10.0.0.300/8"]}, "keys[0].allow_ips[0]: not a network"),
+    ({"allow_ips": ["10.1.2.3/8"]}, "keys[0].allow_ips[0]: not a network: 10.1.2.3/8 has host bits set"),
+    ({"allow_ips": [7]}, 'keys[0].allow_ips[0]: must be a string such as "192.0.2.0/24"'),
+    ({"models": []}, "keys[0].models: must not be empty"),
+    ({"models": ["ghost"]}, "keys[0].models[0]: unknown model name 'ghost'"),
+]
+
+
+@pytest.mark.parametrize(("fields", "expected"), KEY_RULE_ERRORS)
+def test_key_rules_are_checked(fields: dict[str, Any], expected: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["keys"][0].update(fields)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.toml")
+    assert any(line.startswith(f"cfg.toml: {expected}") for line in info.value.message.splitlines())
+
+
+def test_key_rules_parse_normalised_and_round_trip() -> None:
+    data = copy.deepcopy(BASE)
+    data["keys"][0].update({"allow_ips": ["10.0.0.0/8", "2001:DB8::/32", "192.0.2.1"], "models": ["llama"]})
+    doc = parse_config(data, "base")
+    assert doc.keys[0].allow_ips == ("10.0.0.0/8", "2001:db8::/32", "192.0.2.1/32")
+    assert doc.keys[0].models == ("llama",)
+    assert parse_config(tomllib.loads(dump_config(doc)), "dumped") == doc
+
+
+def test_budget_alerts_parse_sorted_and_round_trip() -> None:
+    data = copy.deepcopy(BASE)
+    data["principals"][0]["budget"] = {"period": "day", "tokens": 10, "alerts": [1.0, 0.5]}
+    doc = parse_config(data, "base")
+    assert doc.principals[0].budget == BudgetSpec("day", 10, None, (0.5, 1.0))
+    assert parse_config(tomllib.loads(dump_config(doc)), "dumped") == doc
+    for bad, why in (([0], "must be an array of fractions"), ([0.5, 0.5], "lists a threshold twice")):
+        data["principals"][0]["budget"]["alerts"] = bad
+        with pytest.raises(ConfigError, match=why):
+            parse_config(data, "cfg.toml")
+
+
+def test_a_credentials_row_fields_are_not_backend_fields() -> None:
+    data = copy.deepcopy(BASE)
+    data["backends"][0]["credential_of"] = "b"
+    with pytest.raises(ConfigError, match=r"backends\[0\]\.credential_of: unknown field"):
+        parse_config(data, "cfg.toml")
+    data = copy.deepcopy(BASE)
+    data["backends"][1]["credentials"] = [{"name": "k", "api_key": "x"}]  # b has its own api_key
+    with pytest.raises(ConfigError, match="give either the backend's own api_key"):
+        parse_config(data, "cfg.toml")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,9 +22,10 @@ from gateway.controlplane.configfile import (
     LimitsSpec,
     PriceSpec,
     PrincipalSpec,
+    dump_config,
     parse_config,
 )
-from gateway.controlplane.snapshot_build import MAX_LOGGED, build_snapshot_doc
+from gateway.controlplane.snapshot_build import MAX_LOGGED, build_doc, build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.keys import hash_secret
 from gateway.snapshot import Snapshot
@@ -537,3 +539,61 @@ def test_pattern_aliases_map_the_names_a_client_picks(settings: Settings) -> Non
     assert alice.may_use("claude-*") and not alice.may_use("claude-haiku-*")
     assert bob.may_use("claude-haiku-*") and not bob.may_use("claude-*")
     assert "claude-opus-4-5" not in alice.models  # the listing (/v1/models) names no pattern
+
+
+def test_a_credential_pool_is_folded_into_its_backend_and_exported_back(settings: Settings) -> None:
+    cfg = parse_config(
+        {
+            "backends": [
+                {
+                    "name": "openai",
+                    "url": "https://api.example",
+                    "credentials": [
+                        {"name": "k1", "api_key_env": "K1", "requests_per_minute": 500, "cool_down": 10},
+                        {"name": "k2", "api_key": "sk-literal-k2"},
+                    ],
+                },
+            ],
+            "provider_models": [{"name": "gpt", "backends": ["openai"], "context_window": 128000}],
+            "models": [{"name": "chat", "chain": ["gpt"], "context_failover": True}],
+            "keys": [],
+        },
+        "test",
+    )
+    assert [b.name for b in cfg.backends] == ["openai", "openai/k1", "openai/k2"]
+    with open_store(settings) as store:
+        store.apply_config(cfg, hash_key=HASH_KEY, environ={"K1": "sk-from-env-k1"}, actor="test")
+        doc = build_snapshot_doc(store)
+        assert list(doc["backends"]) == ["openai"]
+        assert doc["backends"]["openai"]["credentials"] == [
+            {"name": "k1", "api_key": "sk-from-env-k1", "rpm": 500, "cool_down": 10.0},
+            {"name": "k2", "api_key": "sk-literal-k2"},
+        ]
+        assert doc["context_windows"] == {"gpt": 128000}
+        assert doc["routes"]["chat"]["context_failover"] is True
+        snap = Snapshot.from_doc(doc, 1)
+        k1, k2 = snap.backends["openai"].credentials
+        assert (k1.name, k1.rpm, k1.tpm, k1.cool_down, k1.scope) == ("k1", 500, None, 10.0, "c:openai/k1")
+        assert "sk-" not in repr(k2)
+        assert snap.routes["chat"].targets[0].context_window == 128000
+        # What `gateway export` writes reads back to the same document (the env variable by name; a
+        # literal key never leaves the store).
+        exported = parse_config(tomllib.loads(dump_config(store.config_doc())), "export")
+        assert exported == replace(cfg, backends=tuple(replace(b, api_key=None) for b in cfg.backends))
+
+
+def test_a_pool_whose_credentials_are_all_gone_is_skipped(settings: Settings) -> None:
+    cfg = parse_config(
+        {
+            "backends": [{"name": "p", "url": "http://h", "credentials": [{"name": "k", "api_key": "x"}]}],
+            "provider_models": [{"name": "m", "backends": ["p"]}],
+        },
+        "test",
+    )
+    with open_store(settings) as store:
+        store.apply_config(cfg, hash_key=HASH_KEY, actor="test")
+        rows = [r for r in store.read_state().routing if r[0] == "backend"]
+        assert rows == [("backend", "p/k", '{"credential_of":"p"}')]
+        state = replace(store.read_state(), backends=[b for b in store.read_state().backends if b[0] == "p"])
+        doc = build_doc(state)
+        assert "p" not in doc["backends"] and doc["skipped"] >= 1

@@ -28,7 +28,7 @@ __all__ = ["KINDS", "STORE_OWNER", "OwnershipConflict", "describe_owner", "diff"
 
 STORE_OWNER = "store"
 # The sections of ConfigDoc with named entries, plus "routing" for the fallback (one entry, "fallback").
-KINDS = ("backends", "provider_models", "models", "pools", "roles", "principals", "keys")
+KINDS = ("backends", "provider_models", "models", "pools", "roles", "principals", "keys", "prompt_classes")
 Owners = Mapping[tuple[str, str], str]
 
 

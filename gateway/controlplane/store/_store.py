@@ -937,7 +937,8 @@ class Store:
                 for name, url, protocol, api_key, env_name, ct, fb, rt in st.backends
             ),
             provider_models=tuple(
-                ProviderModelSpec(n, tuple(pm_backends.get(n, ())), prices.get(n)) for n in st.provider_models
+                ProviderModelSpec(n, tuple(pm_backends.get(n, ())), prices.get(n), routing.windows.get(n))
+                for n in st.provider_models
             ),
             models=tuple(
                 ModelSpec(
@@ -946,6 +947,7 @@ class Store:
                     tuple(aliases.get(n, ())),
                     prices.get(n),
                     routing.rules.get(n, ()),
+                    n in routing.context_failover,
                 )
                 for n in st.models
             ),
@@ -956,7 +958,7 @@ class Store:
                     tuple(roles_of.get(row[0], ())),
                     _limits_from(row[2:5]),
                     model_limits.get(row[0], ()),
-                    budgets.get(row[0]),
+                    _with_alerts(budgets.get(row[0]), routing.alerts.get(row[1], ())),
                 )
                 for row in st.principals
             ),
@@ -967,12 +969,15 @@ class Store:
                     None,
                     None if k[5] is None else float(k[5]),
                     _limits_from(k[8:11]),
+                    tuple(routing.keys.get(k[1], {}).get("allow_ips", ())),
+                    _key_models(routing.keys.get(k[1], {})),
                 )
                 for k in sorted(st.keys, key=lambda k: str(k[1]))
                 if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names
             ),
             pools=routing.pools,
             fallback=routing.fallback,
+            prompt_classes=routing.classes,
         )
 
 
@@ -1008,6 +1013,15 @@ def _validate(doc: ConfigDoc, where: str) -> None:
 
 def _json(value: object) -> str:
     return orjson.dumps(value).decode()
+
+
+def _with_alerts(budget: BudgetSpec | None, alerts: tuple[float, ...]) -> BudgetSpec | None:
+    return replace(budget, alerts=alerts) if budget is not None and alerts else budget
+
+
+def _key_models(rule: dict[str, Any]) -> tuple[str, ...] | None:
+    models = rule.get("models")
+    return None if models is None else tuple(models)
 
 
 def _model_limits_by_principal(rows: Sequence[Row]) -> dict[str, tuple[tuple[str, LimitsSpec], ...]]:

@@ -50,6 +50,7 @@ function hostStatus(x) {
 function draw(body, hosts) {
   const workers = [];
   const backends = [];
+  const credentials = []; // each pool credential (backend/name): its state, never its secret
   for (const host of hosts) {
     const byPid = new Map((host.proxy_workers || []).map((w) => [w.pid, w]));
     for (const w of (host.supervisor && host.supervisor.workers) || []) {
@@ -57,6 +58,9 @@ function draw(body, hosts) {
     }
     for (const [name, b] of Object.entries(host.backends || {})) {
       backends.push({ ...b, host, name });
+    }
+    for (const [name, c] of Object.entries(host.credentials || {})) {
+      credentials.push({ ...c, host, name });
     }
   }
   body.replaceChildren(
@@ -96,6 +100,22 @@ function draw(body, hosts) {
         backends,
         "No backend has been called yet.",
         { id: "backends" },
+      ),
+    ),
+    section(
+      "Credentials",
+      table(
+        [
+          ["Host", (x) => x.host.host],
+          ["Credential", (x) => x.name],
+          ["State", (x) => (x.state === "cooling" ? `cooling ${fmtDuration(x.cooling_for)}` : x.state)],
+          ["Answered", (x) => fmtNum(x.answered), "num"],
+          ["Failed", (x) => fmtNum(x.failed), "num"],
+          ["Last error", lastError],
+        ],
+        credentials,
+        "No pool credential has been used yet.",
+        { id: "credentials" },
       ),
     ),
     section(
