@@ -9,9 +9,9 @@ state, as ``Driver`` promises. This is the only module that touches psycopg: its
 ``StoreError`` (``StoreConflict`` for constraint violations) here.
 
 While the database is away the pool reconnects every second (psycopg_pool's own backoff doubles without a
-cap), and callers fail fast: one at a time waits the pool's timeout to see whether it is back, the others
-get ``StoreError`` at once. So a database back from an outage of any length takes writes within a few
-seconds, and a control worker's threads are not all held waiting meanwhile.
+cap), and callers fail fast: a thread of the driver's own waits on the pool to see the database back, and
+meanwhile every transaction gets ``StoreError`` at once. So a database back from an outage of any length
+takes writes within a few seconds, and a control worker's threads are not all held waiting meanwhile.
 I/O: the database connections.
 """
 
@@ -38,7 +38,7 @@ Row = tuple[Any, ...]
 _WRITE_LOCK = 0x67617465776179  # "gateway"
 _PLACEHOLDER = re.compile(r"\?")
 RECONNECT_FOREVER = 86400.0 * 365
-# Seconds between tries of the pool while the database is away (the pool itself reconnects every second).
+# Seconds between the probe's waits on the pool while the database is away (the pool reconnects each second).
 DOWN_RETRY = 0.5
 
 
@@ -113,11 +113,12 @@ class PostgresDriver:
     def __init__(self, url: str, *, max_size: int = 4, timeout: float = 2.0) -> None:
         self.url = url
         self._timeout = timeout
-        # While the database is away, one caller at a time waits on the pool (its timeout) to find out
-        # whether it is back; the others fail at once instead of each holding a thread for the timeout.
+        # While the database is away callers fail at once, and one thread of our own waits on the pool to
+        # see it back, instead of every caller holding its thread for the pool's timeout.
         self._down: str | None = None
-        self._next_try = 0.0
         self._down_lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._closed = False
         try:
             # One plain connection first: a refused or misaddressed server fails at once with its own
             # message, where the pool would retry until its timeout.
@@ -140,21 +141,36 @@ class PostgresDriver:
             raise StoreError(f"cannot connect to PostgreSQL at {redact_url(url)}: {exc}") from exc
 
     def _borrow(self) -> psycopg.Connection[Any]:
-        if self._down is not None:
-            with self._down_lock:
-                now = time.monotonic()
-                if now < self._next_try:
-                    raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {self._down}")
-                self._next_try = now + self._timeout + DOWN_RETRY  # this caller tries; others fail fast
+        down = self._down
+        if down is not None:
+            raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {down}")
         try:
-            conn = self._pool.getconn(timeout=self._timeout)
+            return self._pool.getconn(timeout=self._timeout)
         except (psycopg.Error, PoolTimeout) as exc:
-            with self._down_lock:
-                self._down = str(exc)
-                self._next_try = time.monotonic() + DOWN_RETRY
+            self._went_down(str(exc))
             raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {exc}") from exc
-        self._down = None
-        return conn
+
+    def _went_down(self, why: str) -> None:
+        with self._down_lock:
+            self._down = why
+            if self._prober is None and not self._closed:
+                self._prober = threading.Thread(target=self._probe, name="postgres-probe", daemon=True)
+                self._prober.start()
+
+    def _probe(self) -> None:
+        """Until the pool hands out a connection again (it reconnects every second), then back to normal."""
+        while not self._closed:
+            try:
+                conn = self._pool.getconn(timeout=self._timeout)
+            except (psycopg.Error, PoolTimeout) as exc:
+                self._down = str(exc)
+                time.sleep(DOWN_RETRY)
+                continue
+            self._pool.putconn(conn)
+            break
+        with self._down_lock:
+            self._down = None
+            self._prober = None
 
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[Transaction]:
@@ -212,6 +228,7 @@ class PostgresDriver:
         return close
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()
 
 
