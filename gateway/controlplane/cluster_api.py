@@ -81,6 +81,10 @@ class ClusterApp:
         self.source = source
         self.token = token.encode() if token else None
         self.admin = admin
+        # Batches that arrived while the store thread was writing the previous ones: written together in
+        # one transaction, so that 500 hosts each shipping every second do not queue 500 transactions.
+        self._waiting: list[tuple[list[UsageRecord], asyncio.Future[None]]] = []
+        self._writing = False
 
     def __rsgi_init__(self, loop: Any) -> None:
         pass
@@ -139,6 +143,29 @@ class ClusterApp:
             return 200, _JSON, orjson.dumps(health)
         raise NotFound(f"no route for {method} {path}")
 
+    async def _store(self, records: list[UsageRecord]) -> None:
+        """Have ``records`` written, together with whatever other hosts' batches wait meanwhile. Raises
+        StoreError when their transaction failed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((records, done))
+        if not self._writing:
+            self._writing = True
+            try:
+                while self._waiting:
+                    batches, self._waiting = self._waiting, []
+                    joined = [r for recs, _ in batches for r in recs]
+                    try:
+                        await _on(self.source.store_calls, self.source.store_usage, joined)
+                    except StoreError as exc:
+                        for _, waiting in batches:
+                            waiting.set_exception(exc)
+                    else:
+                        for _, waiting in batches:
+                            waiting.set_result(None)
+            finally:
+                self._writing = False
+        await done
+
     def authorise(self, authorization: str | None) -> None:
         if self.token is None:
             raise ServiceUnavailable("this control plane has no cluster token (GATEWAY_CLUSTER_TOKEN)")
@@ -169,7 +196,7 @@ class ClusterApp:
         except ValueError as exc:
             raise BadRequest(f"usage batch holds an unreadable record: {exc}") from None
         try:
-            await _on(self.source.store_calls, self.source.store_usage, records)
+            await self._store(records)
         except StoreError as exc:
             log.error("usage batch of %d records not stored: %s", len(records), exc)
             raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
