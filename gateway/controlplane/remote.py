@@ -12,11 +12,17 @@ cluster token:
   what is published, retries with backoff (0.5 s doubling to 30 s), logs the outage once and its end
   once, and says so in the snapshot segment, which ``/healthz`` reports. It never exits for want of a
   control plane.
-- **Usage.** Every ``usage_drain_interval`` it reads the usage rings and posts the records to
-  ``POST /cluster/usage``; only an answered batch moves the rings' tails. A batch the control plane cannot
-  take goes to ``DATA_DIR/usage-spool/`` (one file per batch, written whole before the rings move) and is
-  sent again, oldest first, once it answers. The control plane writes records idempotently by request id,
-  so a batch sent twice (a crash between sending and moving a tail) is stored once.
+- **Usage.** Every ``usage_drain_interval`` it empties the usage rings: straight to ``POST /cluster/usage``
+  while the control plane answers and nothing older waits, into ``DATA_DIR/usage-spool/`` otherwise
+  (``spool``: a file per batch, fsynced before the rings' tails move, bounded by ``--usage-spool-max-mb``),
+  so that a host that dies or stops during an outage has its records on disk. The spool is sent again,
+  oldest first, as the backoff allows. The control plane writes records idempotently by request id, so a
+  batch sent twice (a crash between sending and moving a tail) is stored once.
+- **Reports and shares.** Every ``--report-interval`` it sends the host's health report with the traffic
+  of each rate-limit scope and the shares it holds, and writes the shares the control plane answers with
+  into the host slot for the proxy workers (and ``DATA_DIR/shares.json``, restored at start); without an
+  answer for the fleet's TTL it falls back to the default share. The host slot also carries the spool's
+  state, which the workers' ``/healthz`` shows.
 
 I/O: HTTP to the control plane, the data directory, the shared segments.
 """
