@@ -22,9 +22,11 @@ does not count holds at most its floor, which is the room the bound leaves above
 
 Restarts: a proxy host keeps its last grant on disk and enforces it through a control-plane outage and
 its own restarts; with each report it says what it holds, so a control plane that restarted (and knows
-no grants) takes the claim as held. Until every host it expects has reported (the largest host count any
-claim names) or ``warmup`` seconds passed, it grants no host more than it claims to hold, and a host that
-claims nothing its floor, so the hosts it has not heard from yet keep room for what they hold.
+no grants) takes the claim as held. Once it has seen a claim, and for ``warmup`` seconds after its start
+(the fleet's TTL, by which every live host has reported), it grants no host more than it claims to hold,
+and a host that claims nothing no share at all (one request per limit), so the hosts it has not heard from
+yet keep room for what they hold. Left open: a brand-new host that is the very first to report to a
+restarted control plane is taken for the first host of a new cluster.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class ShareLedger:
         self._lingering: dict[str, tuple[float, float]] = {}
         self._linger = warmup
         self._warm_until = now + warmup
-        self._expected = 0  # hosts the claims name: how many a restarted control plane waits to hear from
+        self._claims_seen = False  # some host claimed a grant: this control plane restarted on a cluster
 
     def held(self, host: str, scope: str) -> float:
         """What ``host`` may be enforcing for ``scope`` now (0 for a host never granted anything)."""
@@ -135,11 +137,13 @@ class ShareLedger:
         count = len(hosts)
         bound = overshoot_bound(count)
         floor = 1.0 / count
-        self._expected = max(self._expected, claimed_hosts)
         if host not in self._held and claim is not None:
             self._held[host] = _Held(claim)  # a grant from before this ledger existed, still enforced
+            self._claims_seen = True
         mine = self._held.get(host)
-        warming = now < self._warm_until and count < self._expected
+        # A control plane that restarted on a running cluster knows only the grants claimed so far: until
+        # every host has reported (a TTL), none gets more than it holds, and a host claiming nothing none.
+        warming = self._claims_seen and now < self._warm_until
         others = [self._held[h] for h in hosts if h != host and h in self._held]
         self._lingering.pop(host, None)
         for gone in [h for h, (until, _) in self._lingering.items() if until <= now]:
@@ -157,7 +161,7 @@ class ShareLedger:
             room = bound - sum(o.of(scope) for o in others)
             share = min(targets.get(scope, floor), room)
             if warming:
-                share = min(share, mine.current.of(scope) if mine is not None else floor)
+                share = min(share, mine.current.of(scope) if mine is not None else 0.0)
             share = max(0.0, share)
             if scope not in targets and abs(share - floor) < _EPS:
                 default_room = min(default_room, room)  # left to the default, which must then fit here
@@ -165,7 +169,7 @@ class ShareLedger:
             shares[scope] = share
         default = max(0.0, min(floor, default_room))
         if warming:
-            default = min(default, mine.current.default if mine is not None else floor)
+            default = min(default, mine.current.default if mine is not None else 0.0)
         granted = Grant(shares, default)
         self._held[host] = _Held(granted, mine.current if mine is not None else None)
         return granted
