@@ -41,6 +41,11 @@ class Settings:
     admin_tls_cert: Path | None = None  # serve the admin port over TLS with this certificate chain (PEM)
     admin_tls_key: Path | None = None
     control_ca: Path | None = None  # --role proxy: CA bundle that signed the control plane's certificate
+    usage_spool_max_mb: int = 1024  # --role proxy: bound of the on-disk usage spool
+    host_id: str | None = None  # this host's id in the fleet; None: generated once into DATA_DIR/host-id
+    admin_backlog: int = 2048  # admin port's listen backlog (a connection per proxy host)
+    admin_backpressure: int = 2048  # connections the admin/cluster port serves at once
+    postgres_pool_size: int = 4  # connections each process keeps to PostgreSQL (the control worker's pool)
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     data_dir: Path = Path("var/data")
     config_file: Path | None = None

@@ -19,14 +19,19 @@ the answer is 413 at once. Every ``/cluster/`` route needs ``Authorization: Bear
 (``GATEWAY_CLUSTER_TOKEN``, the same on every host), compared in constant time, before its body is read.
 Without a token configured the routes answer 503: a control plane never serves its snapshot, which holds
 backend keys, to anyone who asks. Errors use the OpenAI envelope like every gateway error.
-I/O: the client connection; the store, through the ``UsageSink`` the control worker owns.
+I/O: the client connection; the store, through the ``UsageSink`` the control worker owns, on its store
+thread (never on the event loop that answers snapshot polls).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-from typing import Any, Protocol
+from collections.abc import Callable
+from concurrent.futures import Executor
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
@@ -46,16 +51,25 @@ _JSON = [("content-type", "application/json")]
 _ADMIN_HEADERS = [("x-content-type-options", "nosniff"), ("cache-control", "no-store")]
 MAX_USAGE_BODY = 64 * 1024 * 1024  # a proxy host's batch of usage records
 MAX_REPORT_BODY = 1024 * 1024  # a proxy host's health report
+_T = TypeVar("_T")
 
 
 class SnapshotSource(Protocol):
-    """The control worker: the last snapshot it built, and where usage records go."""
+    """The control worker: the last snapshot it built, and where usage records go. ``current_snapshot``
+    and ``record_report`` answer from memory, on the event loop; the others touch the store or the usage
+    sink and run on ``store_calls`` (admin requests on ``admin_calls``), so that a store that hangs never
+    holds up a proxy host's poll."""
+
+    store_calls: Executor
+    admin_calls: Executor
 
     def current_snapshot(self) -> tuple[int, bytes] | None: ...
 
     def store_usage(self, records: list[UsageRecord]) -> None: ...
 
     def record_report(self, report: dict[str, Any]) -> dict[str, Any]: ...
+
+    def budget_bases(self, report: dict[str, Any]) -> dict[str, list[int]] | None: ...
 
     def metrics_text(self) -> bytes: ...
 
@@ -67,6 +81,10 @@ class ClusterApp:
         self.source = source
         self.token = token.encode() if token else None
         self.admin = admin
+        # Batches that arrived while the store thread was writing the previous ones: written together in
+        # one transaction, so that 500 hosts each shipping every second do not queue 500 transactions.
+        self._waiting: list[tuple[list[UsageRecord], asyncio.Future[None]]] = []
+        self._writing = False
 
     def __rsgi_init__(self, loop: Any) -> None:
         pass
@@ -83,11 +101,8 @@ class ClusterApp:
     async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
         path, method = scope.path, scope.method
         if path == "/metrics" and method == "GET":
-            return (
-                200,
-                [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                self.source.metrics_text(),
-            )
+            text = await _on(self.source.store_calls, self.source.metrics_text)
+            return 200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], text
         if self.admin is not None:
             if path.startswith("/admin/"):
                 # Route and caller first, from the head: a stranger's body is read no further than the
@@ -97,7 +112,8 @@ class ClusterApp:
                 if method in ("POST", "PUT", "PATCH"):
                     body = await read_body(proto, scope.headers, admission.body_limit)
                 secure = scope.scheme == "https"
-                return self.admin.answer(admission, scope.query_string, body, secure=secure)
+                respond = partial(self.admin.answer, secure=secure)
+                return await _on(self.source.admin_calls, respond, admission, scope.query_string, body)
             if path in ("/", "/ui") and method in ("GET", "HEAD"):
                 return 308, [("location", "/ui/")], b""
             if path.startswith("/ui/"):
@@ -108,7 +124,7 @@ class ClusterApp:
         if path == "/cluster/snapshot" and method == "GET":
             return self.snapshot(scope.headers.get("if-none-match"))
         if path == "/cluster/usage" and method == "POST":
-            return self.usage(await read_body(proto, scope.headers, MAX_USAGE_BODY))
+            return await self.usage(await read_body(proto, scope.headers, MAX_USAGE_BODY))
         if path == "/cluster/report" and method == "POST":
             try:
                 report = orjson.loads(await read_body(proto, scope.headers, MAX_REPORT_BODY))
@@ -116,12 +132,39 @@ class ClusterApp:
                 raise BadRequest(f"report is not JSON: {exc}") from None
             if not isinstance(report, dict):
                 raise BadRequest("a report is a JSON object")
-            return 200, _JSON, orjson.dumps(self.source.record_report(report))
+            answer = self.source.record_report(report)
+            bases = await _on(self.source.store_calls, self.source.budget_bases, report)
+            if bases is not None:
+                answer["budget_bases"] = bases
+            return 200, _JSON, orjson.dumps(answer)
         if path == "/cluster/healthz" and method == "GET":
             current = self.source.current_snapshot()
             health = {"status": "ok" if current else "starting", "revision": current[0] if current else None}
             return 200, _JSON, orjson.dumps(health)
         raise NotFound(f"no route for {method} {path}")
+
+    async def _store(self, records: list[UsageRecord]) -> None:
+        """Have ``records`` written, together with whatever other hosts' batches wait meanwhile. Raises
+        StoreError when their transaction failed."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((records, done))
+        if not self._writing:
+            self._writing = True
+            try:
+                while self._waiting:
+                    batches, self._waiting = self._waiting, []
+                    joined = [r for recs, _ in batches for r in recs]
+                    try:
+                        await _on(self.source.store_calls, self.source.store_usage, joined)
+                    except StoreError as exc:
+                        for _, waiting in batches:
+                            waiting.set_exception(exc)
+                    else:
+                        for _, waiting in batches:
+                            waiting.set_result(None)
+            finally:
+                self._writing = False
+        await done
 
     def authorise(self, authorization: str | None) -> None:
         if self.token is None:
@@ -141,7 +184,7 @@ class ClusterApp:
             return 304, [("etag", etag)], b""
         return 200, [*_JSON, ("etag", etag)], blob
 
-    def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    async def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         try:
             values = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
@@ -153,8 +196,13 @@ class ClusterApp:
         except ValueError as exc:
             raise BadRequest(f"usage batch holds an unreadable record: {exc}") from None
         try:
-            self.source.store_usage(records)
+            await self._store(records)
         except StoreError as exc:
             log.error("usage batch of %d records not stored: %s", len(records), exc)
             raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
         return 200, _JSON, orjson.dumps({"accepted": len(records)})
+
+
+async def _on(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` on ``executor``'s thread, awaited from the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)

@@ -6,28 +6,63 @@ address, the supervisor's state file (workers, pids, restarts), each proxy worke
 is waiting to leave the host. Proxy-role hosts send theirs every ``--report-interval`` seconds (10) to
 ``POST /cluster/report``; a control plane keeps the reports it received for ``TTL`` seconds and answers
 ``GET /admin/fleet`` with them plus its own host's. Reports live in the memory of the control plane that
-received them. I/O: the host's run-state file; shared memory reads.
+received them. A host is named by its id (``host_id``): ``--host-id``, or one generated at its first
+start and kept in ``DATA_DIR/host-id``, so that two hosts on one machine (or containers sharing the host's
+network) are two fleet entries, each counted for rate-limit shares.
+I/O: the host's run-state file and its host-id file; shared memory reads.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+import threading
 import time
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.shares import compute_shares
+from gateway.controlplane.shares import Grant, ShareLedger, compute_shares
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
 
-__all__ = ["TTL", "Fleet", "host_report", "traffic_totals"]
+__all__ = ["TTL", "Fleet", "host_id", "host_report", "traffic_totals"]
 
 TTL = 30.0
+
+
+def host_id(settings: Settings) -> str:
+    """This host's id in the fleet: ``--host-id`` when given, else the one kept in ``DATA_DIR/host-id``
+    (made at the first start: the machine's name and 8 random hex digits)."""
+    return settings.host_id or _kept_host_id(settings.data_dir)
+
+
+@cache
+def _kept_host_id(data_dir: Path) -> str:
+    path = data_dir / "host-id"
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if kept:
+        return kept
+    made = f"{socket.gethostname()}-{secrets.token_hex(4)}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:  # another process of this host made it first: take that one
+        return path.read_text().strip() or made
+    try:
+        os.write(fd, made.encode() + b"\n")
+    finally:
+        os.close(fd)
+    return made
 
 
 def host_report(
@@ -53,7 +88,8 @@ def host_report(
     finally:
         ring.close()
     return {
-        "host": f"{socket.gethostname()}:{settings.port}",
+        "host": host_id(settings),
+        "hostname": socket.gethostname(),
         "role": settings.role,
         "listen": f"{settings.host}:{settings.port}",
         "pid": os.getpid(),
@@ -142,19 +178,28 @@ def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int
 
 class Fleet:
     """The reports a control plane received, each kept ``TTL`` seconds, and the rate-limit shares they
-    imply for proxy-role hosts (``gateway.controlplane.shares``)."""
+    imply for proxy-role hosts (``gateway.controlplane.shares``). Thread-safe: reports arrive on the event
+    loop, the admin API reads the view on its own threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
         # Recent traffic per host and scope: an exponential average over report windows (half from the
         # last window), so that a quiet window does not throw a busy host back to its floor at once.
         self._recent: dict[str, dict[str, float]] = {}
+        self.ledger = ShareLedger(clock(), warmup=TTL)
 
     def record(self, report: dict[str, Any]) -> dict[str, Any]:
         """Keep a report; returns the reporting host's shares: ``{"shares": {scope: share},
-        "default_share": 1/hosts, "hosts": n}``."""
+        "default_share": x, "hosts": n}``."""
+        with self._lock:
+            return self._record(report)
+
+    def _record(self, report: dict[str, Any]) -> dict[str, Any]:
         host = str(report.get("host") or "unknown")
-        self._reports[host] = (time.monotonic(), report)
+        now = self._clock()
+        self._reports[host] = (now, report)
         window = report.get("traffic") or {}
         recent = self._recent.setdefault(host, {})
         for scope in set(recent) | set(window):
@@ -163,16 +208,31 @@ class Fleet:
                 recent.pop(scope, None)
             else:
                 recent[scope] = value
-        self.view()  # drop the expired, so that they stop counting as hosts
+        self._expire(now)  # the expired stop counting as hosts
         proxies = sorted(h for h, (_, r) in self._reports.items() if r.get("role") == "proxy")
         if host not in proxies:
             return {"shares": {}, "default_share": 1.0, "hosts": len(proxies)}
-        shares = compute_shares({h: self._recent.get(h, {}) for h in proxies}, proxies)
-        return {"shares": shares[host], "default_share": 1.0 / len(proxies), "hosts": len(proxies)}
+        targets = compute_shares({h: self._recent.get(h, {}) for h in proxies}, proxies)[host]
+        held = report.get("held") or {}
+        claimed_hosts = held.get("hosts", 0) if isinstance(held, dict) else 0
+        granted = self.ledger.grant(
+            host,
+            proxies,
+            targets,
+            now,
+            claim=Grant.from_claim(held),
+            claimed_hosts=claimed_hosts if isinstance(claimed_hosts, int) else 0,
+        )
+        return {"shares": granted.shares, "default_share": granted.default, "hosts": len(proxies)}
 
-    def view(self) -> list[dict[str, Any]]:
-        now = time.monotonic()
+    def _expire(self, now: float) -> None:
         for host in [h for h, (at, _) in self._reports.items() if now - at > TTL]:
             del self._reports[host]
             self._recent.pop(host, None)
-        return [dict(report, age_s=round(now - at, 1)) for at, report in self._reports.values()]
+            self.ledger.forget(host, now)
+
+    def view(self) -> list[dict[str, Any]]:
+        with self._lock:
+            now = self._clock()
+            self._expire(now)
+            return [dict(report, age_s=round(now - at, 1)) for at, report in self._reports.values()]

@@ -12,11 +12,17 @@ cluster token:
   what is published, retries with backoff (0.5 s doubling to 30 s), logs the outage once and its end
   once, and says so in the snapshot segment, which ``/healthz`` reports. It never exits for want of a
   control plane.
-- **Usage.** Every ``usage_drain_interval`` it reads the usage rings and posts the records to
-  ``POST /cluster/usage``; only an answered batch moves the rings' tails. A batch the control plane cannot
-  take goes to ``DATA_DIR/usage-spool/`` (one file per batch, written whole before the rings move) and is
-  sent again, oldest first, once it answers. The control plane writes records idempotently by request id,
-  so a batch sent twice (a crash between sending and moving a tail) is stored once.
+- **Usage.** Every ``usage_drain_interval`` it empties the usage rings: straight to ``POST /cluster/usage``
+  while the control plane answers and nothing older waits, into ``DATA_DIR/usage-spool/`` otherwise
+  (``spool``: a file per batch, fsynced before the rings' tails move, bounded by ``--usage-spool-max-mb``),
+  so that a host that dies or stops during an outage has its records on disk. The spool is sent again,
+  oldest first, as the backoff allows. The control plane writes records idempotently by request id, so a
+  batch sent twice (a crash between sending and moving a tail) is stored once.
+- **Reports and shares.** Every ``--report-interval`` it sends the host's health report with the traffic
+  of each rate-limit scope and the shares it holds, and writes the shares the control plane answers with
+  into the host slot for the proxy workers (and ``DATA_DIR/shares.json``, restored at start); without an
+  answer for the fleet's TTL it falls back to the default share. The host slot also carries the spool's
+  state, which the workers' ``/healthz`` shows.
 
 I/O: HTTP to the control plane, the data directory, the shared segments.
 """
@@ -29,13 +35,15 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import httpx
 import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.engines import EngineScraper
-from gateway.controlplane.fleet import host_report, traffic_totals
+from gateway.controlplane.fleet import TTL, host_report, traffic_totals
+from gateway.controlplane.spool import UsageSpool
 from gateway.dataplane.upstream import make_ssl_context
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
@@ -85,7 +93,6 @@ class RemoteControlWorker:
             verify=make_ssl_context(str(settings.control_ca) if settings.control_ca else None),
         )
         self.last_known_good = settings.data_dir / "last-known-good.json"
-        self.spool = settings.data_dir / "usage-spool"
         self.etag: str | None = None
         self._stop = False
         self._parent = os.getppid()
@@ -98,12 +105,19 @@ class RemoteControlWorker:
         self._traffic_seen: dict[tuple[int, int], dict[str, int]] = {}
         self.host_slot = WorkerStats(shared.stats)
         self.table = BucketTable(shared.buckets)
+        self.spool = UsageSpool(settings.data_dir / "usage-spool", settings.usage_spool_max_mb << 20)
+        # What this host's proxy workers read from the host slot: the shares the control plane last gave
+        # (kept in DATA_DIR/shares.json, so a host restarted during an outage keeps enforcing them rather
+        # than the whole of every limit) and the spool's state, which their /healthz shows.
+        self.shares_file = settings.data_dir / "shares.json"
+        self._answer: dict[str, Any] = {}
+        self._host_doc: bytes = b""
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to re-read: the control plane has the config
-        self.spool.mkdir(parents=True, exist_ok=True)
+        self.restore_shares()
         self.restore_last_known_good()
         scraper = None
         if self.settings.engine_scrape_interval > 0:
@@ -111,13 +125,14 @@ class RemoteControlWorker:
         try:
             while not self._stop:
                 now = time.monotonic()
-                if now >= self._sync_at:
-                    self.sync_snapshot()
-                if now >= self._ship_at:
-                    self.ship_usage()
+                # The report first: a host that starts gets its shares before the first snapshot lets
+                # its workers serve anything.
                 if now >= self._report_at:
                     self._report_at = now + self.settings.report_interval
                     self.report()
+                if now >= self._sync_at:
+                    self.sync_snapshot()
+                self.ship_usage()
                 time.sleep(self.settings.usage_drain_interval)
             if os.getppid() != self._parent:
                 self.ship_until_proxies_stop()
@@ -206,8 +221,9 @@ class RemoteControlWorker:
     # -- health ------------------------------------------------------------------------------------------
     def report(self) -> None:
         """Send this host's health report with the requests each rate-limit scope admitted since the last
-        one, and hand the shares the control plane answers with to the proxy workers. A control plane
-        that does not answer gets the next report; the workers keep the shares they have."""
+        one and the shares it enforces now, and hand the shares the control plane answers with to the
+        proxy workers. A control plane that does not answer gets the next report; the workers keep the
+        shares they have."""
         state = "ok" if self._down_since is None else "unreachable"
         totals = traffic_totals(self.shared)
         traffic: dict[str, int] = {}
@@ -215,7 +231,14 @@ class RemoteControlWorker:
             before = self._traffic_seen.get(worker, {})  # a restarted worker (new pid) starts from zero
             for scope, n in counts.items():
                 traffic[scope] = traffic.get(scope, 0) + n - before.get(scope, 0)
-        extra = {"control_plane": state, "traffic": traffic, "epoch": self.shared.epoch}
+        held = self._enforced()
+        extra = {
+            "control_plane": state,
+            "traffic": traffic,
+            "epoch": self.shared.epoch,
+            "held": held,
+            "usage_spool": self.spool.state().as_dict(),
+        }
         try:
             body = orjson.dumps(host_report(self.settings, self.shared, extra))
             resp = self.client.post(
@@ -227,45 +250,112 @@ class RemoteControlWorker:
         self._traffic_seen = totals
         if resp.status_code != 200:
             return
-        self.host_slot.write(self.host_slot.host_slot, resp.content)
         try:
-            bases = resp.json().get("budget_bases") or {}
+            answer = resp.json()
+            bases = answer.get("budget_bases") or {}
             for key, (tokens, cost) in bases.items():
                 self.table.spend_set_base(int(key), int(tokens), int(cost))
         except (ValueError, TypeError, AttributeError) as exc:
-            log.error("unreadable budget bases from the control plane: %s", exc)
+            log.error("unreadable answer to the health report: %s", exc)
+            return
+        shares = {k: answer[k] for k in ("shares", "default_share", "hosts") if k in answer}
+        if shares:
+            self._answer = {**shares, "answered_at": time.time()}
+            self._save_shares()
+        self._write_host_doc()
+
+    def restore_shares(self) -> None:
+        try:
+            saved = orjson.loads(self.shares_file.read_bytes())
+        except FileNotFoundError:
+            return
+        except orjson.JSONDecodeError as exc:
+            log.error("ignoring %s: %s", self.shares_file, exc)
+            return
+        if isinstance(saved, dict):
+            self._answer = saved
+            self._write_host_doc()
+
+    def _save_shares(self) -> None:
+        tmp = self.shares_file.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(orjson.dumps(self._answer))
+            os.replace(tmp, self.shares_file)
+        except OSError as exc:
+            log.error("could not save the rate-limit shares: %s", exc)
+
+    def _enforced(self) -> dict[str, Any]:
+        """The shares this host's workers are to enforce: the last answer, or only its default once it is
+        older than the fleet's TTL (the control plane has forgotten this host by then and may have given
+        its share to the others; see ``controlplane.shares``)."""
+        answer = self._answer
+        if "default_share" not in answer:
+            return {}
+        held: dict[str, Any] = {k: answer[k] for k in ("shares", "default_share", "hosts") if k in answer}
+        if time.time() - float(answer.get("answered_at", 0)) > TTL:
+            held["shares"] = {}
+        return held
+
+    def _write_host_doc(self) -> None:
+        doc = orjson.dumps({**self._enforced(), "usage_spool": self.spool.state().as_dict()})
+        if doc != self._host_doc:  # written when it changes, not every tick
+            self._host_doc = doc
+            self.host_slot.write(self.host_slot.host_slot, doc)
 
     # -- usage -------------------------------------------------------------------------------------------
     def ship_usage(self) -> None:
-        """Send spooled batches, oldest first, then what the rings hold; spool what is not taken."""
+        """Empty the rings every tick, whatever the control plane does: straight to it while it answers and
+        nothing older waits, into the spool otherwise (so that a host that dies or stops during an outage
+        has its records on disk, not in memory); then resend the spool, oldest first, as the backoff
+        allows."""
         try:
-            for path in sorted(self.spool.glob("*.json")):
-                self._post_usage(path.read_bytes())
-                path.unlink()
-            taken, body = self._read_rings()
-            if not taken:
-                self._ship_ok()
-                return
-            if self.settings.access_log:
-                self._access_log(body)
-            try:
-                self._post_usage(body)
-            except _Unanswered:
-                self._spool(body)
-                self._advance(taken)
-                raise
-            self._advance(taken)
-            self._ship_ok()
-        except _Unanswered as exc:
-            self._ship_at = time.monotonic() + self._ship_backoff
-            self._ship_backoff = min(self._ship_backoff * 2, BACKOFF_MAX)
-            log.debug("usage not sent: %s", exc)
+            self._drain_rings()
+            if not self.spool.empty and time.monotonic() >= self._ship_at:
+                self._send_spool()
         except OSError as exc:
             log.error("usage spool: %s", exc)
+        self._write_host_doc()
+
+    def _drain_rings(self) -> None:
+        for _ in range(8):  # a full read leaves more behind; bounded so that snapshots and reports go on
+            taken, body = self._read_rings()
+            if not taken:
+                return
+            if self.spool.empty and time.monotonic() >= self._ship_at:
+                try:
+                    self._post_usage(body)
+                except _Unanswered as exc:
+                    self._ship_failed(exc)
+                else:
+                    self._advance(taken, body)
+                    self._ship_ok()
+                    continue
+            if not self.spool.room_for(len(body)):
+                return  # the records stay in the rings; the spool's state says why
+            self.spool.write(body)
+            self._advance(taken, body)
+
+    def _send_spool(self) -> None:
+        # At most about a second of resending per tick, so that the rings keep draining meanwhile.
+        deadline = time.monotonic() + 1.0
+        while not self.spool.empty and time.monotonic() < deadline:
+            paths, body = self.spool.oldest()
+            try:
+                self._post_usage(body)
+            except _Unanswered as exc:
+                self._ship_failed(exc)
+                return
+            self.spool.remove(paths)
+        self._ship_ok()
 
     def _ship_ok(self) -> None:
         self._ship_backoff = BACKOFF_FIRST
         self._ship_at = 0.0
+
+    def _ship_failed(self, exc: Exception) -> None:
+        self._ship_at = time.monotonic() + self._ship_backoff
+        self._ship_backoff = min(self._ship_backoff * 2, BACKOFF_MAX)
+        log.debug("usage not sent: %s", exc)
 
     def _read_rings(self) -> tuple[list[tuple[int, int]], bytes]:
         taken: list[tuple[int, int]] = []
@@ -277,8 +367,7 @@ class RemoteControlWorker:
                 records += batch
         return taken, b"[" + b",".join(records) + b"]"
 
-    @staticmethod
-    def _access_log(body: bytes) -> None:
+    def _access_log(self, body: bytes) -> None:
         """This host's access lines, written as its records leave the rings."""
         try:
             lines = b"".join(access_line(record_from_values(v)) for v in orjson.loads(body))
@@ -286,9 +375,11 @@ class RemoteControlWorker:
         except (ValueError, OSError) as exc:
             log.error("access log not written: %s", exc)
 
-    def _advance(self, taken: list[tuple[int, int]]) -> None:
+    def _advance(self, taken: list[tuple[int, int]], body: bytes) -> None:
         for index, n in taken:
             self.ring.advance(index, n)
+        if self.settings.access_log:
+            self._access_log(body)
 
     def _post_usage(self, body: bytes) -> None:
         try:
@@ -301,20 +392,11 @@ class RemoteControlWorker:
             return
         if resp.status_code == 400:
             # The control plane cannot read the batch: keep it aside for a person, never resend it forever.
-            kept = self.spool / f"rejected-{time.time_ns()}.jsonl"
+            kept = self.spool.path / f"rejected-{time.time_ns()}.jsonl"
             kept.write_bytes(body)
             log.error("control plane refused a usage batch (kept in %s): %s", kept, resp.text[:200])
             return
         raise _Unanswered(f"HTTP {resp.status_code}: {resp.text[:200]}")
-
-    def _spool(self, body: bytes) -> None:
-        path = self.spool / f"{time.time_ns():020d}.json"
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
     def ship_until_proxies_stop(self) -> None:
         """The supervisor died and every worker got SIGTERM at once (their parent-death signal): the
@@ -330,17 +412,21 @@ class RemoteControlWorker:
             time.sleep(self.settings.usage_drain_interval)
 
     def final_ship(self) -> None:
-        """On SIGTERM, after the proxies stopped: send (or spool) everything the rings still hold."""
+        """On SIGTERM, after the proxies stopped: send (or spool) everything the rings still hold. While
+        the control plane is in backoff nothing is tried: the records go to disk at once."""
         deadline = time.monotonic() + FINAL_DRAIN_SECONDS
         while time.monotonic() < deadline:
-            taken, body = self._read_rings()
-            if not taken:
-                return
             try:
-                self._post_usage(body)
-            except _Unanswered:
-                self._spool(body)
-            self._advance(taken)
+                self._drain_rings()
+            except OSError as exc:
+                log.error("usage spool: %s", exc)
+                break
+            if not any(self.ring.pending(i) for i in range(self.ring.rings)):
+                return
+            time.sleep(0.05)  # the spool is full: its state is logged; wait for the control plane
+        left = sum(self.ring.pending(i) for i in range(self.ring.rings))
+        if left:
+            log.error("stopping with %d usage records in the rings: the spool is full", left)
 
 
 def pending_spool(data_dir: Path) -> int:

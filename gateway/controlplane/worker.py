@@ -32,6 +32,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,7 @@ log = logging.getLogger("gateway.controlplane")
 
 
 FINAL_DRAIN_SECONDS = 10.0
+STORE_BACKOFF_MAX = 1.0  # seconds between a failing step's tries (each a pool wait on the store thread)
 LAST_KNOWN_GOOD = "last-known-good.sealed"
 CONFIG_PENDING = "config-pending"  # in the run directory: the supervisor could not apply --config
 
@@ -115,6 +117,13 @@ class ControlWorker:
         self.purger: Purger | None = None
         self._from_last_known_good = False  # rebuild from the store once reached, whatever the revision
         self._parent = os.getppid()
+        # Every call that touches the store or the usage sink runs on this one thread, never on the event
+        # loop: with PostgreSQL away a call waits for the pool's timeout, and the loop must meanwhile go on
+        # answering snapshot polls and reports from memory. One thread, so that the sink's drains, writes
+        # and base recomputations stay in one sequence (see usage_sink).
+        self.store_calls: Executor = ThreadPoolExecutor(1, thread_name_prefix="store")
+        # Admin API requests (store reads and writes, each its own transaction) run beside it.
+        self.admin_calls: Executor = ThreadPoolExecutor(4, thread_name_prefix="admin")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -155,26 +164,28 @@ class ControlWorker:
         try:
             while not self._stop.is_set():
                 if self._store_down_since is not None:
-                    self._guarded(self._connect_store)
+                    await self._store_step(self._connect_store)
                     if self._store_down_since is None:
                         unlisten = self.store.listen_revisions(changed)
                         next_poll = 0.0
                 if self._reload.is_set():
                     self._reload.clear()
-                    self.reload_config()
+                    await loop.run_in_executor(self.store_calls, self.reload_config)
                 if self._changed.is_set():
                     self._changed.clear()
                     next_poll = 0.0
+                    for outage in list(self._outages.values()):  # the database answered NOTIFY: retry now
+                        outage.retry_at = 0.0
                 if time.monotonic() >= next_poll:
                     next_poll = time.monotonic() + settings.revision_poll_interval
-                    self._guarded(self.publish_current)
-                self._guarded(self.account)
+                    await self._store_step(self.publish_current)
+                await self._store_step(self.account)
                 if self.purger is not None:
-                    self._guarded(self.purger.step)
+                    await self._store_step(self.purger.step)
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
             if os.getppid() != self._parent:
                 await self.drain_orphaned()
-            self.final_drain()
+            await loop.run_in_executor(self.store_calls, self.final_drain)
         finally:
             if unlisten is not None:
                 unlisten()
@@ -185,6 +196,8 @@ class ControlWorker:
             if server is not None:
                 server[0].stop()  # type: ignore[no-untyped-call]
                 await asyncio.wait([server[1]], timeout=5)
+            self.admin_calls.shutdown(wait=True)
+            self.store_calls.shutdown(wait=True)
             self.store.close()
         return 0
 
@@ -278,6 +291,10 @@ class ControlWorker:
             address=settings.admin_host,
             port=settings.admin_port,
             interface=Interfaces.RSGI,
+            # One keep-alive connection per proxy host: granian's defaults (a backlog of 128, and as many
+            # connections at once) starved the hosts past about 125.
+            backlog=settings.admin_backlog,
+            backpressure=settings.admin_backpressure,
             log_enabled=False,
             ssl_cert=settings.admin_tls_cert,
             ssl_key=settings.admin_tls_key,
@@ -295,16 +312,23 @@ class ControlWorker:
         return self._doc
 
     def record_report(self, report: dict[str, Any]) -> dict[str, Any]:
-        """Keep a proxy host's report; answer with its rate-limit shares and, for its budgets, the spend
-        the store knows of that its own live counters do not hold (other hosts', earlier tables')."""
-        answer = self.fleet.record(report)
+        """Keep a proxy host's report; answer with its rate-limit shares. Memory only."""
+        return self.fleet.record(report)
+
+    def budget_bases(self, report: dict[str, Any]) -> dict[str, list[int]] | None:
+        """For a reporting host's budgets, the spend the store knows of that its own live counters do not
+        hold (other hosts', earlier tables'); None when there is nothing to say or the store is away. Runs
+        on the store thread."""
         epoch = report.get("epoch")
-        if isinstance(epoch, str) and epoch and self.sink is not None and self.sink.budgets:
-            try:
-                answer["budget_bases"] = self.sink.bases_for(epoch)
-            except StoreError as exc:
-                log.warning("budget bases for %s not computed: %s", report.get("host"), exc)
-        return answer
+        if not (isinstance(epoch, str) and epoch and self.sink is not None and self.sink.budgets):
+            return None
+        if self._outages:  # the store is failing: the host keeps the bases it has
+            return None
+        try:
+            return self.sink.bases_for(epoch)
+        except StoreError as exc:
+            log.warning("budget bases for %s not computed: %s", report.get("host"), exc)
+            return None
 
     def metrics_text(self) -> bytes:
         host = host_report(self.settings, self.shared)
@@ -377,7 +401,7 @@ class ControlWorker:
         log.warning("the supervisor is gone: draining usage records until the proxy workers have stopped")
         deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
         while attached() > 1 and time.monotonic() < deadline:
-            self._guarded(self.account)
+            await self._store_step(self.account)
             await asyncio.sleep(self.settings.usage_drain_interval)
         if attached() > 1:
             log.error("%d processes still write the usage rings; stopping anyway", attached() - 1)
@@ -394,9 +418,13 @@ class ControlWorker:
                 time.sleep(0.2)
         log.error("stopping with %d usage records still in the rings", self.sink.pending())
 
+    async def _store_step(self, step: Callable[[], object]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.store_calls, self._guarded, step)
+
     def _guarded(self, step: Callable[[], object]) -> None:
-        """Run one step of the loop. A store that fails is logged once per outage and retried with backoff
-        (0.5 s doubling to 10 s), so that the loop, and the admin port it shares, stay responsive. Each
+        """Run one step of the loop, on the store thread. A store that fails is logged once per outage and
+        retried with backoff (0.5 s, then every second; a NOTIFY retries at once: an acknowledged write must
+        reach the proxies within about two seconds of the database's return). Each
         step keeps its own outage: on a full disk reads (the revision poll) work while writes (usage
         records) fail, and one must not end the other's outage. While any step fails, ``/healthz`` says
         degraded with the store's error (the records wait in the rings meanwhile)."""
@@ -413,7 +441,7 @@ class ControlWorker:
                 self.publisher.set_control_state(CONTROL_STORE_DOWN, time.time())
                 self.publisher.set_store_state(True, exc.message)
             outage.retry_at = time.monotonic() + outage.backoff
-            outage.backoff = min(outage.backoff * 2, 10.0)
+            outage.backoff = min(outage.backoff * 2, STORE_BACKOFF_MAX)
             return
         if outage is not None:
             log.info("store available again (%s)", step.__name__)

@@ -108,6 +108,7 @@ class ProxyApp:
         self._usage_task: asyncio.Task[None] | None = None
         self._stats_task: asyncio.Task[None] | None = None
         self.stats = stats  # (the host's statistics slots, this worker's slot)
+        self._host_raw = b""  # the host slot's document the shares were last read from
         self.in_flight = 0
         self.requests = 0
         self.refused: dict[int, int] = {}  # answers the gateway gave itself, by status
@@ -172,7 +173,23 @@ class ProxyApp:
         self._models_cache = {}
         if self.accounting is not None and self.accounting.limiter is not None:
             self.accounting.limiter.forget_plans()
+            # The host's control slot writes the shares before it publishes a first snapshot: read them
+            # now rather than at the next statistics round, so no request is admitted on a whole limit.
+            self.apply_shares()
         return True
+
+    def apply_shares(self) -> None:
+        """This host's shares of rate limits, as its control slot last wrote them (proxy-role hosts)."""
+        limiter = self.accounting.limiter if self.accounting is not None else None
+        if limiter is None or limiter.shares is None or self.stats is None:
+            return
+        raw = self.stats[0].read(self.stats[0].host_slot)
+        if not raw or raw == self._host_raw:
+            return
+        self._host_raw = raw
+        given = orjson.loads(raw)
+        if isinstance(given, dict) and "default_share" in given:
+            limiter.set_shares(given.get("shares", {}), float(given["default_share"]))
 
     async def _publish_stats(self) -> None:
         """About once a second: this worker's counters, for the host's health reports."""
@@ -201,10 +218,7 @@ class ProxyApp:
             limiter = self.accounting.limiter if self.accounting is not None else None
             if limiter is not None and limiter.shares is not None:
                 document["traffic"] = dict(limiter.traffic)
-                host = slots.read(slots.host_slot)
-                if host:
-                    given = orjson.loads(host)
-                    limiter.set_shares(given.get("shares", {}), float(given.get("default_share", 1.0)))
+                self.apply_shares()
             if not slots.write(index, orjson.dumps(document)) and document.get("live"):
                 document["live"] = []  # too many long names for the slot: the counts still go
                 slots.write(index, orjson.dumps(document))
@@ -216,6 +230,9 @@ class ProxyApp:
             await asyncio.sleep(interval)
             self.refresh_snapshot()
             self.load.refresh_engines()
+            # A share that shrank is enforced within this poll interval: the control plane counts a
+            # host's previous share as held until its next report (see controlplane.fleet).
+            self.apply_shares()
 
     # -- dispatch ----------------------------------------------------------------------------------
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
@@ -261,6 +278,9 @@ class ProxyApp:
                     f"usage records wait in shared memory since "
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}: {reason}"
                 )
+            spool = self.host_document().get("usage_spool")
+            if spool is not None:  # a proxy-role host: what waits on its disk for the control plane
+                body["usage_spool"] = spool
             proto.response_bytes(200 if snap.generation else 503, _JSON, orjson.dumps(body))
         elif path == "/readyz":
             ready = not self.draining and self.snapshot.generation > 0
@@ -271,6 +291,15 @@ class ProxyApp:
             err = NotFound(f"no route for {path}")
             err.code = "not_found"
             proto.response_bytes(404, _JSON, err.openai_body())
+
+    def host_document(self) -> dict[str, Any]:
+        """What the host's control slot tells the workers (``WorkerStats.host_slot``): on a proxy-role host
+        its shares of rate limits and its usage spool's state; empty elsewhere."""
+        if self.stats is None:
+            return {}
+        raw = self.stats[0].read(self.stats[0].host_slot)
+        doc = orjson.loads(raw) if raw else {}
+        return doc if isinstance(doc, dict) else {}
 
     def control_plane_state(self) -> tuple[str, str]:
         """``("ok" | "degraded", detail)``: degraded while a proxy-role host cannot reach its control

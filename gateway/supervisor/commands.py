@@ -66,6 +66,38 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "NOTIFY wakes it at once anyway",
     )
     p.add_argument("--report-interval", type=float, help="--role proxy: seconds between health reports (10)")
+    p.add_argument(
+        "--usage-spool-max-mb",
+        type=positive_int,
+        default=os.environ.get("GATEWAY_USAGE_SPOOL_MAX_MB") or None,
+        help="--role proxy: MiB of usage records DATA_DIR/usage-spool/ may hold while the control plane "
+        "is away (1024; env GATEWAY_USAGE_SPOOL_MAX_MB)",
+    )
+    p.add_argument(
+        "--host-id",
+        default=os.environ.get("GATEWAY_HOST_ID") or None,
+        help="this host's id in the fleet (default: generated once and kept in DATA_DIR/host-id; "
+        "env GATEWAY_HOST_ID)",
+    )
+    p.add_argument(
+        "--admin-backlog",
+        type=positive_int,
+        default=os.environ.get("GATEWAY_ADMIN_BACKLOG") or None,
+        help="listen backlog of the admin port (2048; env GATEWAY_ADMIN_BACKLOG)",
+    )
+    p.add_argument(
+        "--admin-backpressure",
+        type=positive_int,
+        default=os.environ.get("GATEWAY_ADMIN_BACKPRESSURE") or None,
+        help="connections the admin port serves at once, one per proxy host polling it "
+        "(2048; env GATEWAY_ADMIN_BACKPRESSURE)",
+    )
+    p.add_argument(
+        "--postgres-pool-size",
+        type=positive_int,
+        default=os.environ.get("GATEWAY_POSTGRES_POOL_SIZE") or None,
+        help="connections the control worker keeps open to PostgreSQL (4; env GATEWAY_POSTGRES_POOL_SIZE)",
+    )
     p.add_argument("--admin-tls-cert", type=Path, help="PEM certificate chain: serve the admin port over TLS")
     p.add_argument("--admin-tls-key", type=Path, help="PEM private key for --admin-tls-cert")
     p.add_argument(

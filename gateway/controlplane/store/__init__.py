@@ -112,7 +112,7 @@ def open_store(settings: Settings, vault: Vault | None = None) -> Store:
     if is_postgres_url(url):
         from gateway.controlplane.store._postgres import PostgresDriver
 
-        driver = PostgresDriver(url)
+        driver = PostgresDriver(url, max_size=settings.postgres_pool_size)
     else:
         path = sqlite_path_from_url(url)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,11 @@ serialise the way SQLite's ``BEGIN IMMEDIATE`` makes them (two control planes ap
 migrating, at once). Read transactions run at REPEATABLE READ, so that every query of one sees the same
 state, as ``Driver`` promises. This is the only module that touches psycopg: its exceptions become
 ``StoreError`` (``StoreConflict`` for constraint violations) here.
+
+While the database is away the pool reconnects every second (psycopg_pool's own backoff doubles without a
+cap), and callers fail fast: a thread of the driver's own waits on the pool to see the database back, and
+meanwhile every transaction gets ``StoreError`` at once. So a database back from an outage of any length
+takes writes within a few seconds, and a control worker's threads are not all held waiting meanwhile.
 I/O: the database connections.
 """
 
@@ -14,12 +19,14 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool.base import AttemptWithBackoff
 
 from gateway.controlplane.store._driver import Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
@@ -30,6 +37,9 @@ Row = tuple[Any, ...]
 # An arbitrary constant naming "the store's write lock" among the database's advisory locks.
 _WRITE_LOCK = 0x67617465776179  # "gateway"
 _PLACEHOLDER = re.compile(r"\?")
+RECONNECT_FOREVER = 86400.0 * 365
+# Seconds between the probe's waits on the pool while the database is away (the pool reconnects each second).
+DOWN_RETRY = 0.5
 
 
 def _sql(sql: str) -> str:
@@ -83,21 +93,43 @@ class _PgTransaction:
             raise _map_error(exc) from exc
 
 
+class _EverySecond(AttemptWithBackoff):
+    """psycopg_pool retries a lost connection after 1 s, doubling without a cap: a database away for 20 s
+    came back to a pool that waited 22 s more. Retrying every second instead costs one connection attempt
+    a second per pooled connection while the database is away, and gets it back within a second."""
+
+    DELAY_BACKOFF = 1.0
+
+
+class _Pool(ConnectionPool):
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        # psycopg_pool 3.2/3.3 make the attempt here when none is given (a first try, or a refill).
+        super()._add_connection(attempt or _EverySecond(timeout=self.reconnect_timeout), growing)
+
+
 class PostgresDriver:
     """A small pool of connections to one PostgreSQL database."""
 
     def __init__(self, url: str, *, max_size: int = 4, timeout: float = 2.0) -> None:
         self.url = url
         self._timeout = timeout
+        # While the database is away callers fail at once, and one thread of our own waits on the pool to
+        # see it back, instead of every caller holding its thread for the pool's timeout.
+        self._down: str | None = None
+        self._down_lock = threading.Lock()
+        self._prober: threading.Thread | None = None
+        self._closed = False
         try:
             # One plain connection first: a refused or misaddressed server fails at once with its own
             # message, where the pool would retry until its timeout.
             psycopg.connect(url, connect_timeout=max(1, int(timeout))).close()
-            self._pool = ConnectionPool(
+            self._pool = _Pool(
                 url,
                 min_size=1,
                 max_size=max_size,
                 timeout=timeout,
+                # Never give a connection up for good: an outage of any length ends with a full pool.
+                reconnect_timeout=RECONNECT_FOREVER,
                 kwargs={"autocommit": True, "connect_timeout": max(1, int(timeout))},
                 # Checked when borrowed: after a database restart every pooled connection is dead, and
                 # this replaces them instead of failing one transaction per connection.
@@ -108,12 +140,41 @@ class PostgresDriver:
         except (psycopg.Error, PoolTimeout) as exc:
             raise StoreError(f"cannot connect to PostgreSQL at {redact_url(url)}: {exc}") from exc
 
+    def _borrow(self) -> psycopg.Connection[Any]:
+        down = self._down
+        if down is not None:
+            raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {down}")
+        try:
+            return self._pool.getconn(timeout=self._timeout)
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._went_down(str(exc))
+            raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {exc}") from exc
+
+    def _went_down(self, why: str) -> None:
+        with self._down_lock:
+            self._down = why
+            if self._prober is None and not self._closed:
+                self._prober = threading.Thread(target=self._probe, name="postgres-probe", daemon=True)
+                self._prober.start()
+
+    def _probe(self) -> None:
+        """Until the pool hands out a connection again (it reconnects every second), then back to normal."""
+        while not self._closed:
+            try:
+                conn = self._pool.getconn(timeout=self._timeout)
+            except (psycopg.Error, PoolTimeout) as exc:
+                self._down = str(exc)
+                time.sleep(DOWN_RETRY)
+                continue
+            self._pool.putconn(conn)
+            break
+        with self._down_lock:
+            self._down = None
+            self._prober = None
+
     @contextmanager
     def transaction(self, *, write: bool) -> Iterator[Transaction]:
-        try:
-            conn = self._pool.getconn(timeout=self._timeout)
-        except (psycopg.Error, PoolTimeout) as exc:
-            raise StoreError(f"PostgreSQL unavailable at {redact_url(self.url)}: {exc}") from exc
+        conn = self._borrow()
         try:
             with conn.cursor() as cur:
                 try:
@@ -167,6 +228,7 @@ class PostgresDriver:
         return close
 
     def close(self) -> None:
+        self._closed = True
         self._pool.close()
 
 
