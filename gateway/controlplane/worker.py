@@ -108,6 +108,8 @@ class ControlWorker:
         self._outages: dict[str, _Outage] = {}  # by step: the loop's steps that fail on the store
         self._webhook_tasks: set[asyncio.Task[None]] = set()
         self._webhook_client: httpx.AsyncClient | None = None
+        # Set by run(): code on the store thread hands loop work (the alert webhook) to it.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._current: tuple[int, bytes] | None = None  # (revision, document) last built
         self._doc: dict[str, Any] | None = None
         self.store: Store
@@ -126,7 +128,7 @@ class ControlWorker:
         self.admin_calls: Executor = ThreadPoolExecutor(4, thread_name_prefix="admin")
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload.set)
         settings = self.settings
@@ -382,12 +384,18 @@ class ControlWorker:
         due = self.sink.check_alerts()
         url = self.settings.budget_alert_webhook
         if due and url:
-            # Sent beside the loop, never in it: a slow webhook must not hold up the usage drain.
-            if self._webhook_client is None:
-                self._webhook_client = httpx.AsyncClient()
-            task = asyncio.get_running_loop().create_task(budget_alerts.send(self._webhook_client, url, due))
-            self._webhook_tasks.add(task)
-            task.add_done_callback(self._webhook_tasks.discard)
+            # This runs on the store thread: the webhook is sent by a task of the event loop, handed over
+            # thread-safely, so a slow webhook holds up neither the usage drain nor the loop.
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._send_alerts, url, due)
+
+    def _send_alerts(self, url: str, due: list[budget_alerts.Alert]) -> None:
+        """On the event loop: one task that posts ``due`` to the webhook."""
+        if self._webhook_client is None:
+            self._webhook_client = httpx.AsyncClient()
+        task = asyncio.get_running_loop().create_task(budget_alerts.send(self._webhook_client, url, due))
+        self._webhook_tasks.add(task)
+        task.add_done_callback(self._webhook_tasks.discard)
 
     async def drain_orphaned(self) -> None:
         """The supervisor died (``kill -9``): the kernel sent SIGTERM to every worker at once (their
