@@ -149,6 +149,7 @@ class OtelExporter:
         self.dropped = 0  # spans lost: queue full, collector down or refusing
         self._failing = False
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop run() exports on
         self._resource = Resource(attributes=[_kv("service.name", service_name)])
         self._scope = InstrumentationScope(name="gateway")
 
@@ -162,8 +163,10 @@ class OtelExporter:
                 self.dropped += span_count(r)
                 continue
             queue.append(r)
-        if len(queue) >= BATCH:
-            self._wake.set()
+        loop = self._loop
+        if len(queue) >= BATCH and loop is not None:
+            # The drain runs on the control worker's store thread: wake the exporting task through its loop.
+            loop.call_soon_threadsafe(self._wake.set)
 
     def encode(self, records: list[UsageRecord]) -> bytes:
         spans = [s for r in records for s in spans_of(r)]
@@ -203,6 +206,7 @@ class OtelExporter:
         return len(batch)
 
     async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
         async with httpx.AsyncClient() as client:
             while True:
                 try:
