@@ -601,13 +601,7 @@ class _Attempt:
                 fwd.credentials.refused(backend, cred, status, _response_headers(resp))
                 self.credential_refused = True
                 if self.tries < self.last:
-                    try:
-                        body = await resp.read(KEPT_LIMIT)
-                        self.kept = (status, _response_headers(resp), body, up.translation)
-                    except UpstreamError:
-                        pass
-                    finally:
-                        resp.release()
+                    await self._keep(resp, up.translation)
                     return False
             elif status == 429 or status >= 500:
                 if health.fail(f"HTTP {status}") and status != 429:
@@ -615,13 +609,7 @@ class _Attempt:
                 if status == 429:
                     health.consecutive -= 1  # load shedding says nothing about the backend's health
                 if self.tries < self.last:
-                    try:
-                        body = await resp.read(KEPT_LIMIT)
-                        self.kept = (status, _response_headers(resp), body, up.translation)
-                    except UpstreamError:
-                        pass
-                    finally:
-                        resp.release()
+                    await self._keep(resp, up.translation)
                     return False
             elif status == 400 and self.out.context_failover and self.tries < self.last:
                 # The one 4xx that may fail over: read it (bounded) to see whether it says so.
@@ -659,6 +647,17 @@ class _Attempt:
                 entry[4] = round((time.perf_counter() - started) * 1000.0, 2)
             health.in_flight -= 1
             fwd.load.leave(backend, place)
+
+    async def _keep(self, resp: UpstreamResponse, translation: Translation | None) -> None:
+        """Keep a failed try's answer (at most ``KEPT_LIMIT`` of it) for the client, in case every later
+        target fails too; the connection goes back either way."""
+        try:
+            body = await resp.read(KEPT_LIMIT)
+            self.kept = (resp.status, _response_headers(resp), body, translation)
+        except UpstreamError:
+            pass
+        finally:
+            resp.release()
 
     def result(self) -> Attempted:
         return Attempted(self.target, self.status, self.tries, self.credential_name())
