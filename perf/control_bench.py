@@ -23,7 +23,7 @@ import httpx
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.config.parser import parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage_sink import UsageSink

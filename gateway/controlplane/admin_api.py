@@ -61,13 +61,10 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from gateway.controlplane.configfile import (
-    LimitsSpec,
-    check_limit,
-    dump_config,
-    parse_config,
-    parse_timestamp,
-)
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.specs import LimitsSpec
+from gateway.controlplane.config.values import check_limit, parse_timestamp
+from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.dry_run import SnapshotCache, dry_run
 from gateway.controlplane.requests_view import FlightRecorder, request_doc
 from gateway.controlplane.spend import budget_report, usage_groups

@@ -5,9 +5,7 @@ Each opens the store named by ``--data-dir``/``--database``, does one thing and 
 for scripts goes to stdout (the new revision, the exported TOML, a new key's secret, listings); notes
 for the operator go to stderr. A ``GatewayError`` (an invalid file, an unknown principal, ...) propagates
 to ``gateway.cli.main``, which prints it as one ``gateway COMMAND: error: ...`` line per problem with exit
-status 2. Every write is audited with the OS user who ran the command as its actor (``cli:USER``). Also
-``apply_file``, which the supervisor and the control worker call for ``gateway serve --config FILE`` (at
-start and on SIGHUP, with ``file:PATH`` as actor).
+status 2. Every write is audited with the OS user who ran the command as its actor (``cli:USER``).
 """
 
 from __future__ import annotations
@@ -23,13 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from gateway.cli import add_common_options, settings_from_args
-from gateway.config import Settings, load_hash_key
-from gateway.controlplane.configfile import LimitsSpec, check_limit, dump_config, load_config, parse_timestamp
+from gateway.controlplane.config.apply import apply_file
+from gateway.controlplane.config.specs import LimitsSpec
+from gateway.controlplane.config.values import check_limit, parse_timestamp
+from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.credentials import SECRETS_KEY_ENV, new_env_key, rotate_key_file
-from gateway.controlplane.store import MANAGED_BY_FILE, open_store, store_vault
+from gateway.controlplane.store import MANAGED_BY_FILE, open_store, store_hash_key, store_vault
 from gateway.errors import ConfigError
 
-__all__ = ["apply_file", "cli_actor", "file_owner", "finish_command", "print_table", "register", "utc_time"]
+__all__ = ["cli_actor", "finish_command", "print_table", "register", "utc_time"]
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -40,22 +40,6 @@ def cli_actor() -> str:
         return f"cli:{getpass.getuser()}"
     except (OSError, KeyError):  # no passwd entry (a container's arbitrary uid)
         return f"cli:uid {os.getuid()}"
-
-
-def file_owner(path: str | Path) -> str:
-    """The owner a config file's entries get: the file, by absolute path (so ``gateway apply FILE`` and
-    ``serve --config FILE`` name the same owner however the path was written)."""
-    return f"file:{Path(path).absolute()}"
-
-
-def apply_file(settings: Settings, path: str | Path, actor: str | None = None) -> int:
-    """Validate ``path`` and apply it as the owner of what it declares; returns the new revision.
-    ``actor`` defaults to the file itself (a start-up or SIGHUP reload)."""
-    cfg = load_config(path)
-    hash_key = _hash_key(settings) if any(k.secret is not None for k in cfg.keys) else None
-    owner = file_owner(path)
-    with open_store(settings) as store:
-        return store.apply_config(cfg, actor=actor or owner, owner=owner, hash_key=hash_key)
 
 
 def register(sub: Any) -> None:
@@ -105,13 +89,6 @@ def finish_command(p: argparse.ArgumentParser, handler: Handler) -> None:
     """The store flags and the handler; errors the handler raises are reported by ``gateway.cli.main``."""
     add_common_options(p)
     p.set_defaults(handler=handler)
-
-
-def _hash_key(settings: Settings) -> bytes:
-    try:
-        return load_hash_key(settings.data_dir)
-    except (ValueError, OSError) as exc:
-        raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
 
 
 def utc_time(ts: float | None) -> str:
@@ -217,7 +194,7 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
         _limit_arg("--concurrency", args.concurrency),
     )
     settings = settings_from_args(args)
-    hash_key = _hash_key(settings)
+    hash_key = store_hash_key(settings)
     with open_store(settings) as store:
         key_id, secret = store.create_key(
             args.principal,

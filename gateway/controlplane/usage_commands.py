@@ -20,7 +20,7 @@ import orjson
 from gateway.budget import NANOS, format_money
 from gateway.cli import settings_from_args
 from gateway.controlplane.commands import cli_actor, finish_command, print_table, utc_time
-from gateway.controlplane.configfile import parse_timestamp
+from gateway.controlplane.config.values import parse_timestamp
 from gateway.controlplane.retention import purge
 from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import open_store

@@ -45,7 +45,7 @@ from gateway.config import Settings, load_hash_key
 from gateway.controlplane import budget_alerts
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
-from gateway.controlplane.commands import apply_file
+from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.engines import EngineScraper, host_load
 from gateway.controlplane.fleet import Fleet, host_report
@@ -72,7 +72,6 @@ log = logging.getLogger("gateway.controlplane")
 FINAL_DRAIN_SECONDS = 10.0
 STORE_BACKOFF_MAX = 1.0  # seconds between a failing step's tries (each a pool wait on the store thread)
 LAST_KNOWN_GOOD = "last-known-good.sealed"
-CONFIG_PENDING = "config-pending"  # in the run directory: the supervisor could not apply --config
 
 
 @dataclass(slots=True)

@@ -353,10 +353,9 @@ def _claim_ports(settings: Settings) -> list[PortClaim]:
 
 
 def _serve(settings: Settings) -> int:
-    from gateway.controlplane.commands import apply_file
-    from gateway.controlplane.configfile import load_config
+    from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
+    from gateway.controlplane.config.parser import load_config
     from gateway.controlplane.store import StoreError, is_postgres_url, open_store
-    from gateway.controlplane.worker import CONFIG_PENDING
     from gateway.errors import ConfigError
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import load_config, parse_config
+from gateway.controlplane.config.parser import load_config, parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import open_store
 from gateway.keys import hash_secret

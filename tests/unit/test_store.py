@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import (
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.specs import (
     BudgetSpec,
     ConfigDoc,
     KeySpec,
@@ -25,7 +26,6 @@ from gateway.controlplane.configfile import (
     PriceSpec,
     PrincipalSpec,
     RoleSpec,
-    parse_config,
 )
 from gateway.controlplane.retention import purge
 from gateway.controlplane.store import (

@@ -57,6 +57,7 @@ __all__ = [
     "is_postgres_url",
     "open_store",
     "sqlite_path_from_url",
+    "store_hash_key",
     "store_vault",
     "unavailable_store",
 ]
@@ -75,13 +76,18 @@ def sqlite_path_from_url(url: str) -> Path:
     return Path(url[len(_SQLITE_PREFIX) :])
 
 
-def store_vault(settings: Settings) -> Vault:
-    """The vault that seals this host's backend credentials (see ``credentials.load_vault``)."""
+def store_hash_key(settings: Settings) -> bytes:
+    """The key API keys are hashed with (``gateway.config.load_hash_key``), its problems as a
+    ``ConfigError``."""
     try:
-        hash_key = load_hash_key(settings.data_dir)
+        return load_hash_key(settings.data_dir)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
-    return load_vault(settings.data_dir, hash_key)
+
+
+def store_vault(settings: Settings) -> Vault:
+    """The vault that seals this host's backend credentials (see ``credentials.load_vault``)."""
+    return load_vault(settings.data_dir, store_hash_key(settings))
 
 
 class _Unavailable:

@@ -29,7 +29,9 @@ from typing import Any
 
 import orjson
 
-from gateway.controlplane.configfile import (
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.routing_rows import routing_from_rows, routing_rows
+from gateway.controlplane.config.specs import (
     LIMIT_FIELDS,
     BackendSpec,
     BudgetSpec,
@@ -42,13 +44,10 @@ from gateway.controlplane.configfile import (
     ProviderBackend,
     ProviderModelSpec,
     RoleSpec,
-    check_limit,
-    check_name,
-    dump_config,
-    parse_config,
 )
+from gateway.controlplane.config.values import check_limit, check_name
+from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.credentials import CredentialError, Vault, is_sealed
-from gateway.controlplane.routing_config import routing_from_rows, routing_rows
 from gateway.controlplane.store._driver import Driver, Param, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._ownership import KINDS, STORE_OWNER, diff, merge
