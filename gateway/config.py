@@ -121,7 +121,7 @@ class Settings:
     log_format: str = "text"  # text | json (one JSON object per line, for journald and log shippers)
     access_log: bool = False  # one JSON line per forwarded request on stdout, written by the control slot
     # Usage records older than this many days are purged by the control worker (0: kept forever); never
-    # those inside a budget's current window (controlplane/retention.py).
+    # those inside a budget's current window (controlplane/usage/retention.py).
     usage_retention_days: float = field(
         default_factory=lambda: float(os.environ.get("GATEWAY_USAGE_RETENTION_DAYS") or 0)
     )

@@ -66,8 +66,6 @@ from gateway.controlplane.config.specs import LimitsSpec
 from gateway.controlplane.config.values import check_limit, parse_timestamp
 from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.dry_run import SnapshotCache, dry_run
-from gateway.controlplane.requests_view import FlightRecorder, request_doc
-from gateway.controlplane.spend import budget_report, usage_groups
 from gateway.controlplane.store import (
     MANAGED_BY_API,
     STORE_OWNER,
@@ -76,7 +74,9 @@ from gateway.controlplane.store import (
     StoreError,
     describe_owner,
 )
-from gateway.controlplane.usage_commands import since_arg
+from gateway.controlplane.usage.requests_view import FlightRecorder, request_doc
+from gateway.controlplane.usage.spend import budget_report, usage_groups
+from gateway.controlplane.usage.time_range import since_arg
 from gateway.errors import BadRequest, ConfigError, Forbidden, NotFound, ServiceUnavailable, Unauthorized
 from gateway.keys import hash_secret
 from gateway.routing.load import Load

@@ -15,8 +15,8 @@ import orjson
 from gateway.budget import format_money
 from gateway.cli import settings_from_args
 from gateway.controlplane.commands import finish_command, print_table, utc_time
-from gateway.controlplane.requests_view import request_doc
 from gateway.controlplane.store import open_store
+from gateway.controlplane.usage.requests_view import request_doc
 from gateway.errors import NotFound
 
 __all__ = ["register"]

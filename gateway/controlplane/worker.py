@@ -42,19 +42,19 @@ from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from gateway.config import Settings, load_hash_key
-from gateway.controlplane import budget_alerts
 from gateway.controlplane.admin_api import AdminApi
 from gateway.controlplane.cluster_api import ClusterApp
 from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
 from gateway.controlplane.credentials import CredentialError
-from gateway.controlplane.engines import EngineScraper, host_load
-from gateway.controlplane.fleet import Fleet, host_report
-from gateway.controlplane.otel import OtelExporter
-from gateway.controlplane.requests_view import FlightRecorder, live_requests
-from gateway.controlplane.retention import Purger
+from gateway.controlplane.fleet.engines import EngineScraper, host_load
+from gateway.controlplane.fleet.reports import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
-from gateway.controlplane.usage_sink import UsageSink
+from gateway.controlplane.usage import budget_alerts
+from gateway.controlplane.usage.otel import OtelExporter
+from gateway.controlplane.usage.requests_view import FlightRecorder, live_requests
+from gateway.controlplane.usage.retention import Purger
+from gateway.controlplane.usage.sink import UsageSink
 from gateway.errors import GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
@@ -121,7 +121,7 @@ class ControlWorker:
         # Every call that touches the store or the usage sink runs on this one thread, never on the event
         # loop: with PostgreSQL away a call waits for the pool's timeout, and the loop must meanwhile go on
         # answering snapshot polls and reports from memory. One thread, so that the sink's drains, writes
-        # and base recomputations stay in one sequence (see usage_sink).
+        # and base recomputations stay in one sequence (see usage.sink).
         self.store_calls: Executor = ThreadPoolExecutor(1, thread_name_prefix="store")
         # Admin API requests (store reads and writes, each its own transaction) run beside it.
         self.admin_calls: Executor = ThreadPoolExecutor(4, thread_name_prefix="admin")

@@ -473,7 +473,7 @@ def _serve(settings: Settings) -> int:
 
 
 def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:
-    from gateway.controlplane.remote import run_remote_control_worker
+    from gateway.controlplane.fleet.remote import run_remote_control_worker
     from gateway.controlplane.worker import run_control_worker
     from gateway.dataplane.worker import run_proxy_worker
 

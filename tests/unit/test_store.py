@@ -27,7 +27,6 @@ from gateway.controlplane.config.specs import (
     PrincipalSpec,
     RoleSpec,
 )
-from gateway.controlplane.retention import purge
 from gateway.controlplane.store import (
     OwnershipConflict,
     SqliteDriver,
@@ -40,6 +39,7 @@ from gateway.controlplane.store import (
 )
 from gateway.controlplane.store._migrate import Migration, split_statements
 from gateway.controlplane.store._postgres import PostgresDriver
+from gateway.controlplane.usage.retention import purge
 from gateway.errors import ConfigError
 from gateway.keys import hash_secret
 from gateway.usage_record import UsageRecord

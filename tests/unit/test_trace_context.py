@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.otel import spans_of
+from gateway.controlplane.usage.otel import spans_of
 from gateway.dataplane.trace_context import attempt_header, parse_traceparent, sample
 from gateway.usage_record import UsageRecord
 

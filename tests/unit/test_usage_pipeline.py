@@ -17,9 +17,9 @@ import pytest
 from gateway import native
 from gateway.budget import Budget, period_window, window_key
 from gateway.config import Settings
-from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store, StoreError, open_store
-from gateway.controlplane.usage_sink import UsageSink
+from gateway.controlplane.usage.metrics import Metrics
+from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.shares import Grant, ShareLedger, compute_shares
+from gateway.controlplane.fleet.shares import Grant, ShareLedger, compute_shares
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions

@@ -41,9 +41,9 @@ import httpx
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.engines import EngineScraper
-from gateway.controlplane.fleet import TTL, host_report, traffic_totals
-from gateway.controlplane.spool import UsageSpool
+from gateway.controlplane.fleet.engines import EngineScraper
+from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
+from gateway.controlplane.fleet.spool import UsageSpool
 from gateway.dataplane.upstream import make_ssl_context
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
