@@ -21,7 +21,7 @@ from gateway.snapshot import Snapshot
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "gateway.toml"
 HASH_KEY_HEX = "11" * 32
-MAIN = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "import sys; from gateway.commands.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _gateway(

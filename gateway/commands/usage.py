@@ -1,5 +1,4 @@
-"""CLI subcommands for usage and spend: ``gateway usage`` (and ``gateway usage prune``) and
-``gateway budgets``.
+"""``gateway usage`` (and ``gateway usage prune``) and ``gateway budgets``: usage and spend.
 
 Both read the store, where the control worker writes usage records within a fraction of a second of a
 request ending (``usage_drain_interval``). ``--json`` prints one JSON document for scripts.
@@ -17,8 +16,8 @@ from typing import Any
 import orjson
 
 from gateway.budget import NANOS, format_money
-from gateway.cli import settings_from_args
-from gateway.controlplane.commands import cli_actor, finish_command, print_table, utc_time
+from gateway.commands.options import finish_command, settings_from_args
+from gateway.commands.output import cli_actor, print_table, utc_time
 from gateway.controlplane.store import open_store
 from gateway.controlplane.usage.retention import purge
 from gateway.controlplane.usage.spend import budget_report, usage_groups
