@@ -17,21 +17,16 @@ from pathlib import Path
 
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.credentials import Vault, load_vault
+from gateway.controlplane.store._audit import AuditEntry
+from gateway.controlplane.store._columns import MANAGED_BY_API, MANAGED_BY_CLI, MANAGED_BY_FILE
+from gateway.controlplane.store._credentials import BackendCredential
+from gateway.controlplane.store._document import StoreState
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.controlplane.store._keys import KeyInfo, PrincipalInfo
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
 from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, describe_owner
-from gateway.controlplane.store._store import (
-    MANAGED_BY_API,
-    MANAGED_BY_CLI,
-    MANAGED_BY_FILE,
-    AuditEntry,
-    BackendCredential,
-    KeyInfo,
-    PrincipalInfo,
-    Store,
-    StoreState,
-)
+from gateway.controlplane.store._store import Store
 from gateway.errors import ConfigError
 
 __all__ = [
