@@ -11,7 +11,7 @@ says so, for the proxies' ``/healthz``. On SIGTERM (which the supervisor sends a
 stopped) it drains the rings one last time; a SIGTERM that comes from the kernel because the supervisor
 died (``kill -9``) finds the proxies still finishing requests, so it drains until they have all gone.
 With an admin port (``--admin-port``, always with ``--role control``) it also serves the cluster API to
-proxy-role hosts (``cluster_api``): the snapshot it built, and their usage records, which go through the
+proxy-role hosts (``api.cluster``): the snapshot it built, and their usage records, which go through the
 same sink as the local rings' so that budgets count them.
 
 When PostgreSQL cannot be reached at start the worker does not exit (under systemd that would be a
@@ -42,8 +42,8 @@ from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from gateway.config import Settings, load_hash_key
-from gateway.controlplane.admin_api import AdminApi
-from gateway.controlplane.cluster_api import ClusterApp
+from gateway.controlplane.api.admin import AdminApi
+from gateway.controlplane.api.cluster import ClusterApp
 from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.fleet.engines import EngineScraper, host_load

@@ -1,7 +1,7 @@
 """The control slot of a proxy-role host: follows a remote control plane instead of a local store.
 
 On a ``gateway serve --role proxy`` host the supervisor forks this worker where an all-in-one host has its
-control worker. It does two things, both over the control plane's cluster API (``cluster_api``), with the
+control worker. It does two things, both over the control plane's cluster API (``api.cluster``), with the
 cluster token:
 
 - **Snapshots.** Every ``revision_poll_interval`` it asks ``GET /cluster/snapshot`` with ``If-None-Match``

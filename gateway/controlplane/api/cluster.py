@@ -1,4 +1,4 @@
-"""The control worker's admin port: the admin API (``/admin/``, see ``admin_api``) and what a control plane
+"""The control worker's admin port: the admin API (``/admin/``, see ``admin``) and what a control plane
 serves to the proxy-role hosts of its cluster (``/cluster/``):
 
 - ``GET /cluster/snapshot``: the current snapshot document, with ``ETag: "<revision>"``; a request whose
@@ -36,8 +36,8 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from gateway.controlplane import ui
-from gateway.controlplane.admin_api import AdminApi
-from gateway.controlplane.request_body import read_body
+from gateway.controlplane.api.admin import AdminApi
+from gateway.controlplane.api.request_body import read_body
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
