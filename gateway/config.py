@@ -58,7 +58,7 @@ class Settings:
     stream_stall_timeout: float = 60.0  # seconds a streamed answer waits for a client that takes no byte
     # Tries of one request, failover targets and pool credentials together, and the pause before the
     # second (doubling for each further one, at most 1 s).
-    # Where the control worker POSTs budget alerts (gateway.controlplane.budget_alerts); None: log only.
+    # Where the control worker POSTs budget alerts (gateway.controlplane.usage.budget_alerts); None: log only.
     budget_alert_webhook: str | None = field(
         default_factory=lambda: os.environ.get("GATEWAY_BUDGET_ALERT_WEBHOOK") or None
     )

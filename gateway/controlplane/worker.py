@@ -19,7 +19,7 @@ restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-
 after every publish, sealed with the secrets key since it holds backend credentials), reports the store
 as down on ``/healthz`` and in the fleet view, and retries with backoff (0.5 s doubling to 10 s). Once
 the database answers it applies the config file the supervisor could not (``run/config-pending``) and
-publishes as usual. It also purges usage records past ``--usage-retention-days`` (``retention``).
+publishes as usual. It also purges usage records past ``--usage-retention-days`` (``usage.retention``).
 I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the data directory, the shared
 segments.
 """

@@ -1,5 +1,5 @@
 """W3C traceparent parsing and parent-based sampling (gateway.dataplane.trace_context), and the spans the
-exporter makes of a record (gateway.controlplane.otel)."""
+exporter makes of a record (gateway.controlplane.usage.otel)."""
 
 from __future__ import annotations
 

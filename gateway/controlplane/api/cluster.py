@@ -10,8 +10,9 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
-And, without authentication, ``GET /metrics``: Prometheus text (``metrics``), and the admin web UI's static
-files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin API.
+And, without authentication, ``GET /metrics``: Prometheus text (``usage.metrics``), and the admin web UI's
+static files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin
+API.
 
 Bodies are read no further than their limit (``request_body``): 16 KiB for a request nobody is
 authenticated on yet (``POST /admin/login``), 8 MiB for an admin write, 64 MiB for a usage batch; past it

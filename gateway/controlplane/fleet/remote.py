@@ -287,7 +287,7 @@ class RemoteControlWorker:
     def _enforced(self) -> dict[str, Any]:
         """The shares this host's workers are to enforce: the last answer, or only its default once it is
         older than the fleet's TTL (the control plane has forgotten this host by then and may have given
-        its share to the others; see ``controlplane.shares``)."""
+        its share to the others; see ``fleet.shares``)."""
         answer = self._answer
         if "default_share" not in answer:
             return {}
