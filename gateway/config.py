@@ -58,7 +58,7 @@ class Settings:
     stream_stall_timeout: float = 60.0  # seconds a streamed answer waits for a client that takes no byte
     # Tries of one request, failover targets and pool credentials together, and the pause before the
     # second (doubling for each further one, at most 1 s).
-    # Where the control worker POSTs budget alerts (gateway.controlplane.budget_alerts); None: log only.
+    # Where the control worker POSTs budget alerts (gateway.controlplane.usage.budget_alerts); None: log only.
     budget_alert_webhook: str | None = field(
         default_factory=lambda: os.environ.get("GATEWAY_BUDGET_ALERT_WEBHOOK") or None
     )
@@ -121,7 +121,7 @@ class Settings:
     log_format: str = "text"  # text | json (one JSON object per line, for journald and log shippers)
     access_log: bool = False  # one JSON line per forwarded request on stdout, written by the control slot
     # Usage records older than this many days are purged by the control worker (0: kept forever); never
-    # those inside a budget's current window (controlplane/retention.py).
+    # those inside a budget's current window (controlplane/usage/retention.py).
     usage_retention_days: float = field(
         default_factory=lambda: float(os.environ.get("GATEWAY_USAGE_RETENTION_DAYS") or 0)
     )

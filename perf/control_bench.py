@@ -23,13 +23,13 @@ import httpx
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.config.parser import parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
-from gateway.controlplane.usage_sink import UsageSink
+from gateway.controlplane.usage.sink import UsageSink
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.snapshot import Snapshot
-from gateway.supervisor.commands import RING_SLOT_BYTES
+from gateway.supervisor.host import RING_SLOT_BYTES
 from gateway.usage_record import UsageRecord, encode_record
 
 CONFIG = {

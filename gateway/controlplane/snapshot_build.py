@@ -37,15 +37,10 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 from gateway.budget import check_period
-from gateway.controlplane.configfile import (
-    MAX_BUDGET_COST,
-    MAX_PRICE,
-    PROTOCOLS,
-    check_limit,
-    check_name,
-    check_url,
-)
-from gateway.controlplane.routing_config import RoutingRows, routing_from_rows, rule_when_doc
+from gateway.controlplane.config.routing import rule_when_doc
+from gateway.controlplane.config.routing_rows import RoutingRows, routing_from_rows
+from gateway.controlplane.config.specs import PROTOCOLS
+from gateway.controlplane.config.values import MAX_BUDGET_COST, MAX_PRICE, check_limit, check_name, check_url
 from gateway.controlplane.store import Store, StoreState
 from gateway.routing.aliases import is_pattern
 from gateway.snapshot import SCHEMA

@@ -11,7 +11,7 @@ says so, for the proxies' ``/healthz``. On SIGTERM (which the supervisor sends a
 stopped) it drains the rings one last time; a SIGTERM that comes from the kernel because the supervisor
 died (``kill -9``) finds the proxies still finishing requests, so it drains until they have all gone.
 With an admin port (``--admin-port``, always with ``--role control``) it also serves the cluster API to
-proxy-role hosts (``cluster_api``): the snapshot it built, and their usage records, which go through the
+proxy-role hosts (``api.cluster``): the snapshot it built, and their usage records, which go through the
 same sink as the local rings' so that budgets count them.
 
 When PostgreSQL cannot be reached at start the worker does not exit (under systemd that would be a
@@ -19,7 +19,7 @@ restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-
 after every publish, sealed with the secrets key since it holds backend credentials), reports the store
 as down on ``/healthz`` and in the fleet view, and retries with backoff (0.5 s doubling to 10 s). Once
 the database answers it applies the config file the supervisor could not (``run/config-pending``) and
-publishes as usual. It also purges usage records past ``--usage-retention-days`` (``retention``).
+publishes as usual. It also purges usage records past ``--usage-retention-days`` (``usage.retention``).
 I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the data directory, the shared
 segments.
 """
@@ -42,19 +42,19 @@ from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
 from gateway.config import Settings, load_hash_key
-from gateway.controlplane import budget_alerts
-from gateway.controlplane.admin_api import AdminApi
-from gateway.controlplane.cluster_api import ClusterApp
-from gateway.controlplane.commands import apply_file
+from gateway.controlplane.api.admin import AdminApi
+from gateway.controlplane.api.cluster import ClusterApp
+from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
 from gateway.controlplane.credentials import CredentialError
-from gateway.controlplane.engines import EngineScraper, host_load
-from gateway.controlplane.fleet import Fleet, host_report
-from gateway.controlplane.otel import OtelExporter
-from gateway.controlplane.requests_view import FlightRecorder, live_requests
-from gateway.controlplane.retention import Purger
+from gateway.controlplane.fleet.engines import EngineScraper, host_load
+from gateway.controlplane.fleet.reports import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
-from gateway.controlplane.usage_sink import UsageSink
+from gateway.controlplane.usage import budget_alerts
+from gateway.controlplane.usage.otel import OtelExporter
+from gateway.controlplane.usage.requests_view import FlightRecorder, live_requests
+from gateway.controlplane.usage.retention import Purger
+from gateway.controlplane.usage.sink import UsageSink
 from gateway.errors import GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
@@ -72,7 +72,6 @@ log = logging.getLogger("gateway.controlplane")
 FINAL_DRAIN_SECONDS = 10.0
 STORE_BACKOFF_MAX = 1.0  # seconds between a failing step's tries (each a pool wait on the store thread)
 LAST_KNOWN_GOOD = "last-known-good.sealed"
-CONFIG_PENDING = "config-pending"  # in the run directory: the supervisor could not apply --config
 
 
 @dataclass(slots=True)
@@ -122,7 +121,7 @@ class ControlWorker:
         # Every call that touches the store or the usage sink runs on this one thread, never on the event
         # loop: with PostgreSQL away a call waits for the pool's timeout, and the loop must meanwhile go on
         # answering snapshot polls and reports from memory. One thread, so that the sink's drains, writes
-        # and base recomputations stay in one sequence (see usage_sink).
+        # and base recomputations stay in one sequence (see usage.sink).
         self.store_calls: Executor = ThreadPoolExecutor(1, thread_name_prefix="store")
         # Admin API requests (store reads and writes, each its own transaction) run beside it.
         self.admin_calls: Executor = ThreadPoolExecutor(4, thread_name_prefix="admin")

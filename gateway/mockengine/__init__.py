@@ -1,10 +1,7 @@
 """A vLLM-compatible mock inference engine, controllable over HTTP, for tests, benchmarks and demos.
 
-``MockEngine`` is the RSGI application, ``Behaviour`` the test-controlled knobs and ``serve`` runs the
-application with granian's embedded server. ``gateway mock-engine`` (see ``commands``) starts it.
+``server.MockEngine`` is the RSGI application, ``behaviour.Behaviour`` the test-controlled knobs and
+``server.serve`` runs the application with granian's embedded server; ``anthropic``, ``gemini``,
+``responses`` and ``responses_api`` answer each API's shape, ``agent`` plays a coding agent's tool calls.
+``gateway mock-engine`` (``gateway.commands.mock_engine``) starts it. Importing this package does no I/O.
 """
-
-from gateway.mockengine.behaviour import Behaviour
-from gateway.mockengine.server import MockEngine, serve
-
-__all__ = ["Behaviour", "MockEngine", "serve"]

@@ -11,7 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.controlplane.admin_api import ROUTES
+from gateway.controlplane.api.admin import ROUTES
+from gateway.controlplane.api.calls import Access
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
 
 ADMIN_ROLES = """
@@ -87,14 +88,14 @@ def test_every_route_checks_its_permission(admin: Admin) -> None:
     for route in ROUTES:
         path = _concrete(route.path)
         body = {"content": b"{}"} if route.method in ("POST", "PUT") else {}
-        if route.permission == "":  # open routes: the OpenAPI document, and the login itself
+        if route.access is Access.OPEN:  # the OpenAPI document, and the login itself
             assert admin.call(route.method, path, None, **body).status_code not in (401, 403), route
             continue
         assert admin.call(route.method, path, None, **body).status_code == 401, route
         assert admin.call(route.method, path, "alice", **body).status_code == 403, route  # model grants only
         for who, perms in PERMISSIONS_OF.items():
             status = admin.call(route.method, path, who, **body).status_code
-            if route.permission is None or route.permission in perms:
+            if route.access.permission is None or route.access.permission in perms:
                 assert status not in (401, 403), (route, who, status)
             else:
                 assert status == 403, (route, who, status)

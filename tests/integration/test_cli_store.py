@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import load_config, parse_config
+from gateway.controlplane.config.parser import load_config, parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import open_store
 from gateway.keys import hash_secret
@@ -21,7 +21,7 @@ from gateway.snapshot import Snapshot
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "examples" / "gateway.toml"
 HASH_KEY_HEX = "11" * 32
-MAIN = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+MAIN = "import sys; from gateway.commands.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _gateway(

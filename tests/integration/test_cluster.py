@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.shares import overshoot_bound
+from gateway.controlplane.fleet.shares import overshoot_bound
 from gateway.controlplane.store import open_store
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until

@@ -1,7 +1,7 @@
 """The mock engine as a real subprocess, driven with the official ``openai`` SDK and with httpx.
 
 One engine serves the module (reset before every test); tests about startup and shutdown start their own.
-The engine is started through ``gateway.mockengine.commands.main`` rather than ``python -m gateway`` so
+The engine is started through ``gateway.commands.mock_engine.main`` rather than ``python -m gateway`` so
 these tests do not depend on the rest of the CLI.
 """
 
@@ -26,7 +26,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.mockengine import commands
+from gateway.commands import mock_engine
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.responses import MockRequestError, parse_multipart
 from tests.fixtures.processes import terminate
@@ -62,7 +62,7 @@ class MockProcess:
     def __init__(self, *flags: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        code = "import sys; from gateway.mockengine.commands import main; sys.exit(main(sys.argv[1:]))"
+        code = "import sys; from gateway.commands.mock_engine import main; sys.exit(main(sys.argv[1:]))"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code, "--port", str(self.port), *flags],
             cwd=ROOT,
@@ -495,15 +495,15 @@ def test_sigterm_ends_slow_streams_and_exits_zero() -> None:
 
 
 def test_bad_flags_exit_2_without_serving(capsys: pytest.CaptureFixture[str]) -> None:
-    assert commands.main(["--port", str(free_port()), "--fail-status", "42"]) == 2
+    assert mock_engine.main(["--port", str(free_port()), "--fail-status", "42"]) == 2
     assert "fail_status" in capsys.readouterr().err
 
 
 def test_register_adds_the_subcommand() -> None:
     parser = argparse.ArgumentParser(prog="gateway")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    mock_engine.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["mock-engine", "--model", "a", "--model", "b", "--token-delay", "0.5"])
-    assert args.handler is commands.run
+    assert args.handler is mock_engine.run
     assert (args.host, args.port, args.models, args.tokens, args.token_delay) == (
         "127.0.0.1",
         8001,

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.controlplane.shares import overshoot_bound
+from gateway.controlplane.fleet.shares import overshoot_bound
 from gateway.usage_record import record_from_values
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until

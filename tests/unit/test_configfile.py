@@ -12,13 +12,11 @@ from typing import Any
 
 import pytest
 
-from gateway.controlplane.configfile import (
+from gateway.controlplane.config.parser import load_config, parse_config
+from gateway.controlplane.config.specs import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_FIRST_BYTE_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
-    MAX_BUDGET_COST,
-    MAX_LIMIT,
-    MAX_PRICE,
     BackendSpec,
     BudgetSpec,
     ConfigDoc,
@@ -30,11 +28,9 @@ from gateway.controlplane.configfile import (
     ProviderBackend,
     ProviderModelSpec,
     RoleSpec,
-    dump_config,
-    load_config,
-    parse_config,
-    parse_timestamp,
 )
+from gateway.controlplane.config.values import MAX_BUDGET_COST, MAX_LIMIT, MAX_PRICE, parse_timestamp
+from gateway.controlplane.config.writer import dump_config
 from gateway.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "gateway.toml"

@@ -7,7 +7,8 @@ import resource
 
 import pytest
 
-from gateway.cli import build_parser, settings_from_args
+from gateway.commands.main import build_parser
+from gateway.commands.options import settings_from_args
 from gateway.dataplane.worker import head_timeout_ms, raise_file_limit
 
 

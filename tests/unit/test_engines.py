@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.engines import FAILURES_TO_MARK_DOWN, BackendWatch
+from gateway.controlplane.fleet.engines import FAILURES_TO_MARK_DOWN, BackendWatch
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import engine_states
 from gateway.snapshot import Backend

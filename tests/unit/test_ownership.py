@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.configfile import BackendSpec, ConfigDoc, RoleSpec
+from gateway.controlplane.config.specs import BackendSpec, ConfigDoc, RoleSpec
 from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, diff, merge
 
 F, G = "file:/etc/a.toml", "file:/etc/b.toml"

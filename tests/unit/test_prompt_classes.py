@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.config.parser import parse_config
 from gateway.errors import ConfigError
 from gateway.routing.prompt_classes import Classifier, PromptClass, prompt_text
 
@@ -118,7 +118,7 @@ def test_class_config_is_checked(change: dict[str, Any], expected: str) -> None:
 def test_classes_round_trip_through_the_file_form() -> None:
     import tomllib
 
-    from gateway.controlplane.configfile import dump_config
+    from gateway.controlplane.config.writer import dump_config
 
     doc = parse_config(copy.deepcopy(BASE), "base")
     assert doc.prompt_classes[0].keywords == ("traceback",)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import parse_config
+from gateway.controlplane.config.parser import parse_config
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.errors import ConfigError

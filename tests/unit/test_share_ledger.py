@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.controlplane.fleet import TTL, Fleet
-from gateway.controlplane.shares import Grant, overshoot_bound
+from gateway.controlplane.fleet.reports import TTL, Fleet
+from gateway.controlplane.fleet.shares import Grant, overshoot_bound
 
 SCOPES = ["p:1", "k:2", "never-seen"]
 

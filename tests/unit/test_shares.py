@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.controlplane.shares import compute_shares, overshoot_bound
+from gateway.controlplane.fleet.shares import compute_shares, overshoot_bound
 
 
 def test_even_traffic_splits_the_limit_exactly() -> None:

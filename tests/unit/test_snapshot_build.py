@@ -15,16 +15,16 @@ import pytest
 
 from gateway.budget import NANOS, Budget, Price
 from gateway.config import Settings
-from gateway.controlplane.configfile import (
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.specs import (
     BudgetSpec,
     ConfigDoc,
     KeySpec,
     LimitsSpec,
     PriceSpec,
     PrincipalSpec,
-    dump_config,
-    parse_config,
 )
+from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.snapshot_build import MAX_LOGGED, build_doc, build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.keys import hash_secret

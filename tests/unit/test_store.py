@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from gateway.config import Settings
-from gateway.controlplane.configfile import (
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.specs import (
     BudgetSpec,
     ConfigDoc,
     KeySpec,
@@ -25,9 +26,7 @@ from gateway.controlplane.configfile import (
     PriceSpec,
     PrincipalSpec,
     RoleSpec,
-    parse_config,
 )
-from gateway.controlplane.retention import purge
 from gateway.controlplane.store import (
     OwnershipConflict,
     SqliteDriver,
@@ -40,6 +39,7 @@ from gateway.controlplane.store import (
 )
 from gateway.controlplane.store._migrate import Migration, split_statements
 from gateway.controlplane.store._postgres import PostgresDriver
+from gateway.controlplane.usage.retention import purge
 from gateway.errors import ConfigError
 from gateway.keys import hash_secret
 from gateway.usage_record import UsageRecord

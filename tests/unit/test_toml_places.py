@@ -6,8 +6,8 @@ import tomllib
 
 import pytest
 
-from gateway.controlplane.configfile import parse_config
-from gateway.controlplane.toml_places import TomlPlaces
+from gateway.controlplane.config.parser import parse_config
+from gateway.controlplane.config.toml_places import TomlPlaces
 from gateway.errors import ConfigError
 
 SOURCE = """\

@@ -1,11 +1,11 @@
 """W3C traceparent parsing and parent-based sampling (gateway.dataplane.trace_context), and the spans the
-exporter makes of a record (gateway.controlplane.otel)."""
+exporter makes of a record (gateway.controlplane.usage.otel)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.controlplane.otel import spans_of
+from gateway.controlplane.usage.otel import spans_of
 from gateway.dataplane.trace_context import attempt_header, parse_traceparent, sample
 from gateway.usage_record import UsageRecord
 

@@ -17,16 +17,16 @@ import pytest
 from gateway import native
 from gateway.budget import Budget, period_window, window_key
 from gateway.config import Settings
-from gateway.controlplane.metrics import Metrics
 from gateway.controlplane.store import Store, StoreError, open_store
-from gateway.controlplane.usage_sink import UsageSink
+from gateway.controlplane.usage.metrics import Metrics
+from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.snapshot import KeyEntry, Principal, Route
-from gateway.supervisor.commands import RING_SLOT_BYTES
+from gateway.supervisor.host import RING_SLOT_BYTES
 from gateway.usage_record import (
     UsageRecord,
     access_line,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.controlplane.spool import UsageSpool
+from gateway.controlplane.fleet.spool import UsageSpool
 
 
 def test_batches_are_kept_joined_and_removed(tmp_path: Path) -> None:

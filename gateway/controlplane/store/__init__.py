@@ -17,21 +17,16 @@ from pathlib import Path
 
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.credentials import Vault, load_vault
+from gateway.controlplane.store._audit import AuditEntry
+from gateway.controlplane.store._columns import MANAGED_BY_API, MANAGED_BY_CLI, MANAGED_BY_FILE
+from gateway.controlplane.store._credentials import BackendCredential
+from gateway.controlplane.store._document import StoreState
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
 from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.controlplane.store._keys import KeyInfo, PrincipalInfo
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
 from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, describe_owner
-from gateway.controlplane.store._store import (
-    MANAGED_BY_API,
-    MANAGED_BY_CLI,
-    MANAGED_BY_FILE,
-    AuditEntry,
-    BackendCredential,
-    KeyInfo,
-    PrincipalInfo,
-    Store,
-    StoreState,
-)
+from gateway.controlplane.store._store import Store
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -57,6 +52,7 @@ __all__ = [
     "is_postgres_url",
     "open_store",
     "sqlite_path_from_url",
+    "store_hash_key",
     "store_vault",
     "unavailable_store",
 ]
@@ -75,13 +71,18 @@ def sqlite_path_from_url(url: str) -> Path:
     return Path(url[len(_SQLITE_PREFIX) :])
 
 
-def store_vault(settings: Settings) -> Vault:
-    """The vault that seals this host's backend credentials (see ``credentials.load_vault``)."""
+def store_hash_key(settings: Settings) -> bytes:
+    """The key API keys are hashed with (``gateway.config.load_hash_key``), its problems as a
+    ``ConfigError``."""
     try:
-        hash_key = load_hash_key(settings.data_dir)
+        return load_hash_key(settings.data_dir)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"cannot load the API key hash key: {exc}") from exc
-    return load_vault(settings.data_dir, hash_key)
+
+
+def store_vault(settings: Settings) -> Vault:
+    """The vault that seals this host's backend credentials (see ``credentials.load_vault``)."""
+    return load_vault(settings.data_dir, store_hash_key(settings))
 
 
 class _Unavailable:

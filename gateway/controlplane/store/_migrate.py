@@ -1,4 +1,4 @@
-"""Numbered schema migrations: ``gateway/controlplane/migrations/NNNN_name.sql``, applied in order.
+"""Numbered schema migrations: ``gateway/controlplane/store/migrations/NNNN_name.sql``, applied in order.
 
 Each migration runs in its own write transaction together with its row in ``schema_migrations``, so a
 failed migration leaves nothing behind and two processes opening the store at once apply it once. The
@@ -31,7 +31,7 @@ class Migration:
 
 def available_migrations() -> list[Migration]:
     """The packaged migrations, ordered by version; a gap or a duplicate version is a packaging bug."""
-    folder = resources.files("gateway.controlplane").joinpath("migrations")
+    folder = resources.files("gateway.controlplane.store").joinpath("migrations")
     found: list[Migration] = []
     for entry in folder.iterdir():
         m = _NAME.match(entry.name)

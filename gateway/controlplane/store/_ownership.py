@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gateway.controlplane.configfile import BackendSpec, ConfigDoc, KeySpec
+from gateway.controlplane.config.specs import BackendSpec, ConfigDoc, KeySpec
 from gateway.controlplane.store._errors import StoreConflict
 
 __all__ = ["KINDS", "STORE_OWNER", "OwnershipConflict", "describe_owner", "diff", "merge"]

@@ -1,7 +1,7 @@
 """The control slot of a proxy-role host: follows a remote control plane instead of a local store.
 
 On a ``gateway serve --role proxy`` host the supervisor forks this worker where an all-in-one host has its
-control worker. It does two things, both over the control plane's cluster API (``cluster_api``), with the
+control worker. It does two things, both over the control plane's cluster API (``api.cluster``), with the
 cluster token:
 
 - **Snapshots.** Every ``revision_poll_interval`` it asks ``GET /cluster/snapshot`` with ``If-None-Match``
@@ -41,9 +41,9 @@ import httpx
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.engines import EngineScraper
-from gateway.controlplane.fleet import TTL, host_report, traffic_totals
-from gateway.controlplane.spool import UsageSpool
+from gateway.controlplane.fleet.engines import EngineScraper
+from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
+from gateway.controlplane.fleet.spool import UsageSpool
 from gateway.dataplane.upstream import make_ssl_context
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
@@ -287,7 +287,7 @@ class RemoteControlWorker:
     def _enforced(self) -> dict[str, Any]:
         """The shares this host's workers are to enforce: the last answer, or only its default once it is
         older than the fleet's TTL (the control plane has forgotten this host by then and may have given
-        its share to the others; see ``controlplane.shares``)."""
+        its share to the others; see ``fleet.shares``)."""
         answer = self._answer
         if "default_share" not in answer:
             return {}

@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest, NotFound
+from gateway.controlplane.api.calls import Call, Reply, ok
+from gateway.errors import BadRequest, NotFound, ServiceUnavailable
 from gateway.protocol.openai_request import inspect_json
 from gateway.routing.context import fitting, refusal
 from gateway.routing.load import Load
@@ -26,7 +27,7 @@ from gateway.routing.prompt_classes import prompt_text
 from gateway.routing.rules import Facts
 from gateway.snapshot import Principal, Snapshot
 
-__all__ = ["SnapshotCache", "dry_run"]
+__all__ = ["SnapshotCache", "dry_run", "routing_dry_run"]
 
 
 class SnapshotCache:
@@ -41,6 +42,18 @@ class SnapshotCache:
             self._snapshot = Snapshot.from_doc(doc, int(doc.get("revision", 0)))
             self._doc = doc
         return self._snapshot
+
+
+def routing_dry_run(call: Call) -> Reply:
+    """The admin route: the request described by the body, on the last snapshot and this host's load."""
+    snapshot = call.snapshot()
+    if snapshot is None:
+        raise ServiceUnavailable("no snapshot was built yet")
+    try:
+        request = orjson.loads(call.body or b"{}")
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    return ok(dry_run(snapshot, request, call.ctx.routing_load()))
 
 
 def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:

@@ -1,5 +1,4 @@
-"""CLI subcommands for usage and spend: ``gateway usage`` (and ``gateway usage prune``) and
-``gateway budgets``.
+"""``gateway usage`` (and ``gateway usage prune``) and ``gateway budgets``: usage and spend.
 
 Both read the store, where the control worker writes usage records within a fraction of a second of a
 request ending (``usage_drain_interval``). ``--json`` prints one JSON document for scripts.
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from typing import Any
@@ -18,18 +16,15 @@ from typing import Any
 import orjson
 
 from gateway.budget import NANOS, format_money
-from gateway.cli import settings_from_args
-from gateway.controlplane.commands import cli_actor, finish_command, print_table, utc_time
-from gateway.controlplane.configfile import parse_timestamp
-from gateway.controlplane.retention import purge
-from gateway.controlplane.spend import budget_report, usage_groups
+from gateway.commands.options import finish_command, settings_from_args
+from gateway.commands.output import cli_actor, print_table, utc_time
 from gateway.controlplane.store import open_store
+from gateway.controlplane.usage.retention import purge
+from gateway.controlplane.usage.spend import budget_report, usage_groups
+from gateway.controlplane.usage.time_range import since_arg
 from gateway.errors import ConfigError
 
-__all__ = ["register", "since_arg"]
-
-_AGO = re.compile(r"^([1-9][0-9]*)([smhd])$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+__all__ = ["register"]
 
 
 def register(sub: Any) -> None:
@@ -57,21 +52,6 @@ def register(sub: Any) -> None:
     p = sub.add_parser("budgets", help="show each budget's spend in its current period")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     finish_command(p, _cmd_budgets)
-
-
-def since_arg(raw: str, now: float) -> float:
-    """Unix seconds from ``30m``/``24h``/``7d`` (that long ago) or an RFC 3339 timestamp / unix seconds."""
-    if m := _AGO.match(raw):
-        return now - int(m.group(1)) * _SECONDS[m.group(2)]
-    value: str | float = raw
-    try:
-        value = float(raw)
-    except ValueError:
-        pass
-    try:
-        return parse_timestamp(value)
-    except ValueError as exc:
-        raise ConfigError(f"{raw!r}: {exc} (or a duration such as 24h)") from None
 
 
 def _cmd_usage(args: argparse.Namespace) -> int:

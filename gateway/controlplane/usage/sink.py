@@ -29,11 +29,11 @@ from typing import Any
 import orjson
 
 from gateway.budget import Budget, window_key
-from gateway.controlplane.budget_alerts import Alert, BudgetAlerts
-from gateway.controlplane.metrics import Metrics
-from gateway.controlplane.otel import OtelExporter
-from gateway.controlplane.requests_view import FlightRecorder
 from gateway.controlplane.store import Store
+from gateway.controlplane.usage.budget_alerts import Alert, BudgetAlerts
+from gateway.controlplane.usage.metrics import Metrics
+from gateway.controlplane.usage.otel import OtelExporter
+from gateway.controlplane.usage.requests_view import FlightRecorder
 from gateway.native import BucketTable, UsageRing
 from gateway.usage_record import (
     UsageRecord,

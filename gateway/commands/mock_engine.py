@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.cli import Parser, port_number
+from gateway.commands.options import Parser, port_number
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.server import MockEngine, serve
 

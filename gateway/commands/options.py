@@ -1,7 +1,6 @@
-"""The ``gateway`` command. Each area registers its own subcommands; this module only assembles them, turns
-shared flags into ``Settings``, and is the one place where an error that reaches the user becomes one line
-on stderr and an exit status: 2 for anything the user can fix (a flag, a file, a store that does not
-answer), 1 for an internal error. ``GATEWAY_DEBUG=1`` shows the traceback of the latter. I/O: stderr.
+"""What the ``gateway`` subcommands share on the command line: the parser class whose errors are one line,
+the types of port and count flags, the store flags (``--data-dir``, ``--database``) and the proxy port's
+edge flags, and the ``Settings`` those flags make. No I/O (flag defaults read the environment).
 """
 
 from __future__ import annotations
@@ -9,42 +8,27 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import sqlite3
-import sys
-from collections.abc import Sequence
-from importlib import metadata
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from gateway.config import Settings
-from gateway.errors import GatewayError
 
 __all__ = [
     "USAGE_ERROR",
+    "Handler",
     "Parser",
     "add_common_options",
     "add_edge_options",
-    "error_lines",
-    "main",
+    "finish_command",
     "port_number",
     "positive_int",
     "settings_from_args",
 ]
 
 USAGE_ERROR = 2  # argparse's own status for a bad command line; every user-fixable error exits with it
-DISTRIBUTION = "llm-gateway"
 
-DESCRIPTION = """\
-An inference gateway for OpenAI- and Anthropic-compatible clients in front of vLLM, SGLang and hosted
-providers: API keys, rate limits, budgets, routing and usage records.
-
-Start here:
-  gateway serve --config gateway.toml      run it (add --admin-port 8081 for the web UI and admin API)
-  gateway apply gateway.toml               make the store match a config file
-  gateway keys create --principal alice    create an API key
-  gateway status                           what this host's gateway is doing
-
-Each command has its own --help. Documentation: README.md and docs/ in the source tree."""
+Handler = Callable[[argparse.Namespace], int]
 
 
 class Parser(argparse.ArgumentParser):
@@ -178,85 +162,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(**values)
 
 
-def _version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from gateway.controlplane import commands as cp_commands
-    from gateway.controlplane import request_commands, usage_commands
-    from gateway.mockengine import commands as mock_commands
-    from gateway.supervisor import commands as sup_commands
-
-    parser = Parser(
-        prog="gateway", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"gateway {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-    # Each area adds its subcommands here; a new area is one more register() call.
-    for area in (sup_commands, cp_commands, usage_commands, request_commands, mock_commands):
-        area.register(sub)
-    return parser
-
-
-def error_lines(exc: BaseException) -> list[str]:
-    """What the user reads for ``exc``: one line per problem, with the file (and line) first where known.
-
-    Continuation lines (psycopg indents its hints) join the line they continue."""
-    if isinstance(exc, GatewayError):
-        text = exc.message
-    elif isinstance(exc, OSError) and exc.filename is not None:
-        text = f"{exc.filename}: {exc.strerror or exc}"
-    elif isinstance(exc, sqlite3.Error):
-        text = f"the SQLite store: {exc}"
-    else:
-        text = str(exc) or type(exc).__name__
-    lines: list[str] = []
-    for raw in text.splitlines():
-        if lines and raw[:1].isspace():
-            lines[-1] += " " + raw.strip()
-        elif raw.strip():
-            lines.append(raw.rstrip())
-    return lines or [type(exc).__name__]
-
-
-def _report(prog: str, exc: BaseException) -> None:
-    for line in error_lines(exc):
-        print(f"{prog}: error: {line}", file=sys.stderr)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    prog = f"gateway {args.command}"
-    try:
-        return int(args.handler(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        sys.stderr.close()
-        return 1
-    except (GatewayError, OSError, sqlite3.Error) as exc:
-        # A bad file, a bad value, a store that does not answer: the user can fix these.
-        _report(prog, exc)
-        return USAGE_ERROR
-    except Exception as exc:
-        if _is_store_error(exc):
-            _report(prog, exc)
-            return USAGE_ERROR
-        if os.environ.get("GATEWAY_DEBUG") == "1":
-            raise
-        what = "; ".join(error_lines(exc))
-        print(
-            f"{prog}: internal error: {type(exc).__name__}: {what} (GATEWAY_DEBUG=1 shows where)",
-            file=sys.stderr,
-        )
-        return 1
-
-
-def _is_store_error(exc: BaseException) -> bool:
-    """PostgreSQL's errors, told by module so that the CLI does not import psycopg for SQLite users."""
-    return type(exc).__module__.split(".")[0] in ("psycopg", "psycopg_pool")
+def finish_command(p: argparse.ArgumentParser, handler: Handler) -> None:
+    """The store flags and the handler; errors the handler raises are reported by ``main.main``."""
+    add_common_options(p)
+    p.set_defaults(handler=handler)

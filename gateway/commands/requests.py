@@ -1,4 +1,4 @@
-"""CLI subcommand ``gateway requests show ID``: one finished request with its route trace, read from the
+"""``gateway requests show ID``: one finished request with its route trace, read from the
 store (where the control worker writes each request's usage record a fraction of a second after it
 ended). ``ID`` is the ``x-request-id`` the client got: its own when it sent one, else the gateway's.
 I/O: the store; stdout.
@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 
 from gateway.budget import format_money
-from gateway.cli import settings_from_args
-from gateway.controlplane.commands import finish_command, print_table, utc_time
-from gateway.controlplane.requests_view import request_doc
+from gateway.commands.options import finish_command, settings_from_args
+from gateway.commands.output import print_table, utc_time
 from gateway.controlplane.store import open_store
+from gateway.controlplane.usage.requests_view import request_doc
 from gateway.errors import NotFound
 
 __all__ = ["register"]

@@ -1,4 +1,4 @@
-"""The control worker's admin port: the admin API (``/admin/``, see ``admin_api``) and what a control plane
+"""The control worker's admin port: the admin API (``/admin/``, see ``admin``) and what a control plane
 serves to the proxy-role hosts of its cluster (``/cluster/``):
 
 - ``GET /cluster/snapshot``: the current snapshot document, with ``ETag: "<revision>"``; a request whose
@@ -10,8 +10,9 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
-And, without authentication, ``GET /metrics``: Prometheus text (``metrics``), and the admin web UI's static
-files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin API.
+And, without authentication, ``GET /metrics``: Prometheus text (``usage.metrics``), and the admin web UI's
+static files under ``/ui/`` (``ui``; ``/`` redirects there), which hold no data: the pages ask the admin
+API.
 
 Bodies are read no further than their limit (``request_body``): 16 KiB for a request nobody is
 authenticated on yet (``POST /admin/login``), 8 MiB for an admin write, 64 MiB for a usage batch; past it
@@ -36,8 +37,8 @@ from typing import Any, Protocol, TypeVar
 import orjson
 
 from gateway.controlplane import ui
-from gateway.controlplane.admin_api import AdminApi
-from gateway.controlplane.request_body import read_body
+from gateway.controlplane.api.admin import AdminApi
+from gateway.controlplane.api.request_body import read_body
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values

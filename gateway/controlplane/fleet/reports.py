@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.shares import Grant, ShareLedger, compute_shares
+from gateway.controlplane.fleet.shares import Grant, ShareLedger, compute_shares
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
@@ -178,8 +178,8 @@ def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int
 
 class Fleet:
     """The reports a control plane received, each kept ``TTL`` seconds, and the rate-limit shares they
-    imply for proxy-role hosts (``gateway.controlplane.shares``). Thread-safe: reports arrive on the event
-    loop, the admin API reads the view on its own threads."""
+    imply for proxy-role hosts (``gateway.controlplane.fleet.shares``). Thread-safe: reports arrive on the
+    event loop, the admin API reads the view on its own threads."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock

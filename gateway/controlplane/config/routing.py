@@ -1,6 +1,6 @@
 """The routing part of the configuration file: model pools, frontend models' rules, the deployment-wide
-fallback, and backends' flow-control settings — parsed, checked, and kept in the store as JSON rows
-(``configfile.dump_config`` writes them back as TOML, from the specs' ``as_dict``).
+fallback, and backends' flow-control settings — parsed and checked (``routing_rows`` keeps them in the
+store as JSON rows, ``writer.dump_config`` writes them back as TOML from the specs' ``as_dict``).
 
     [routing]
     fallback = "chat-small"            # when every target of a request is down
@@ -29,32 +29,20 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import orjson
-
-from gateway.controlplane.problems import Problems
+from gateway.controlplane.config.problems import Problems
+from gateway.controlplane.config.specs import PoolSpec, PromptClassSpec, RuleSpec
 from gateway.routing.policies import POLICIES
 
-if TYPE_CHECKING:
-    from gateway.controlplane.configfile import ConfigDoc
-
 __all__ = [
-    "BACKEND_FLOW_FIELDS",
-    "CREDENTIAL_ROW_FIELDS",
     "DAYS",
-    "PoolSpec",
-    "PromptClassSpec",
-    "RoutingRows",
-    "RuleSpec",
     "check_routing",
+    "parse_count",
     "parse_networks",
     "parse_pool",
     "parse_prompt_class",
     "parse_rules",
-    "routing_from_rows",
-    "routing_rows",
     "rule_when_doc",
 ]
 
@@ -74,47 +62,8 @@ _WHEN_FIELDS = (
 )
 MAX_RULES = 100
 
-
-@dataclass(frozen=True, slots=True)
-class PoolSpec:
-    name: str
-    policy: str
-    members: tuple[str, ...]  # provider models
-    weights: tuple[int, ...] = ()
-    prefix_bytes: int | None = None
-    max_inflight: int | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "policy": self.policy, "members": list(self.members)}
-        if self.weights:
-            out["weights"] = list(self.weights)
-        if self.prefix_bytes is not None:
-            out["prefix_bytes"] = self.prefix_bytes
-        if self.max_inflight is not None:
-            out["max_inflight"] = self.max_inflight
-        return out
-
-
 MAX_CLASSES = 64
 MAX_EXAMPLES = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class PromptClassSpec:
-    """A prompt class (``[[prompt_classes]]``): example prompts, optional keywords, the least score."""
-
-    name: str
-    examples: tuple[str, ...]
-    keywords: tuple[str, ...] = ()
-    min_score: float | None = None  # None: gateway.routing.prompt_classes' default
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "examples": list(self.examples)}
-        if self.keywords:
-            out["keywords"] = list(self.keywords)
-        if self.min_score is not None:
-            out["min_score"] = self.min_score
-        return out
 
 
 def parse_prompt_class(p: Problems, place: str, item: dict[str, Any]) -> PromptClassSpec | None:
@@ -144,39 +93,7 @@ def parse_prompt_class(p: Problems, place: str, item: dict[str, Any]) -> PromptC
     )
 
 
-@dataclass(frozen=True, slots=True)
-class RuleSpec:
-    when: dict[str, Any] = field(default_factory=dict)  # file form, normalised
-    route: tuple[str, ...] = ()  # provider models and pools, in order
-    refuse: tuple[int, str] | None = None
-    delegate: str | None = None
-    name: str | None = None
-    tag: str | None = None
-    policy: str | None = None
-
-    @property
-    def action(self) -> str:
-        return "refuse" if self.refuse else "delegate" if self.delegate else "route"
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.name is not None:
-            out["name"] = self.name
-        out["when"] = self.when
-        if self.refuse is not None:
-            out["refuse"] = {"status": self.refuse[0], "message": self.refuse[1]}
-        elif self.delegate is not None:
-            out["delegate"] = self.delegate
-        else:
-            out["route"] = list(self.route)
-        if self.tag is not None:
-            out["tag"] = self.tag
-        if self.policy is not None:
-            out["policy"] = self.policy
-        return out
-
-
-def _count(p: Problems, place: str, value: Any, *, minimum: int = 0) -> int | None:
+def parse_count(p: Problems, place: str, value: Any, *, minimum: int = 0) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or value > 10**12:
         p.add(place, f"must be an integer of at least {minimum}")
         return None
@@ -220,7 +137,7 @@ def _when(p: Problems, place: str, raw: Any) -> dict[str, Any] | None:
     for key in (*_COUNT_CONDITIONS, "max_inflight_per_backend"):
         if key in raw:
             minimum = 1 if key == "max_inflight_per_backend" else 0
-            if (n := _count(p, f"{place}.{key}", raw[key], minimum=minimum)) is not None:
+            if (n := parse_count(p, f"{place}.{key}", raw[key], minimum=minimum)) is not None:
                 out[key] = n
     if "stream" in raw:
         if not isinstance(raw["stream"], bool):
@@ -359,7 +276,7 @@ def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None
             p.add(f"{place}.weights", "must give one weight per member")
             ok = False
         else:
-            counted = [_count(p, f"{place}.weights[{i}]", w, minimum=1) for i, w in enumerate(raw)]
+            counted = [parse_count(p, f"{place}.weights[{i}]", w, minimum=1) for i, w in enumerate(raw)]
             ok = ok and None not in counted
             weights = tuple(w for w in counted if w is not None)
     prefix_bytes = max_inflight = None
@@ -369,7 +286,7 @@ def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None
                 p.add(f"{place}.{key}", 'only a "prefix_affinity" pool has it')
                 ok = False
                 continue
-            value = _count(p, f"{place}.{key}", item[key], minimum=1)
+            value = parse_count(p, f"{place}.{key}", item[key], minimum=1)
             ok = ok and value is not None
             if key == "prefix_bytes":
                 prefix_bytes = value
@@ -458,148 +375,3 @@ def rule_when_doc(when: dict[str, Any]) -> dict[str, Any]:
     if "days" in when:
         out["days"] = [DAYS.index(d) for d in when["days"]]
     return out
-
-
-# --- the store's form: one (kind, name, JSON) row per entry -------------------------------------------------
-
-# A backend's settings kept beside its store row: flow control, its probe, and whether it serves the
-# Responses API itself.
-BACKEND_FLOW_FIELDS = (
-    "max_concurrency",
-    "waiting_high_water",
-    "queue_size",
-    "queue_timeout",
-    "health_path",
-    "responses_api",
-)
-# A pool credential's row (never a [[backends]] field): its backend, its quota and its cool-down.
-CREDENTIAL_ROW_FIELDS = ("credential_of", "requests_per_minute", "tokens_per_minute", "cool_down")
-_BACKEND_ROW_FIELDS = (*BACKEND_FLOW_FIELDS, *CREDENTIAL_ROW_FIELDS)
-
-
-def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
-    """The routing entries of ``cfg`` as ``routing_entries`` rows."""
-    rows: list[tuple[str, str, str]] = []
-    for b in cfg.backends:
-        flow = {k: getattr(b, k) for k in _BACKEND_ROW_FIELDS if getattr(b, k) is not None}
-        if flow:
-            rows.append(("backend", b.name, orjson.dumps(flow).decode()))
-    for pm in cfg.provider_models:
-        if pm.context_window is not None:
-            rows.append(("context", pm.name, str(pm.context_window)))
-    for m in cfg.models:
-        if m.context_failover:
-            rows.append(("model", m.name, '{"context_failover":true}'))
-        if m.rules:
-            rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
-    for pool in cfg.pools:
-        rows.append(("pool", pool.name, orjson.dumps(pool.as_dict()).decode()))
-    for pr in cfg.principals:
-        if pr.budget is not None and pr.budget.alerts:
-            rows.append(("alerts", pr.name, orjson.dumps(list(pr.budget.alerts)).decode()))
-    for order, spec in enumerate(cfg.prompt_classes):
-        rows.append(("class", spec.name, orjson.dumps({"order": order, **spec.as_dict()}).decode()))
-    for k in cfg.keys:
-        if k.allow_ips or k.models is not None:
-            rule: dict[str, Any] = {}
-            if k.allow_ips:
-                rule["allow_ips"] = list(k.allow_ips)
-            if k.models is not None:
-                rule["models"] = list(k.models)
-            rows.append(("key", k.name, orjson.dumps(rule).decode()))
-    if cfg.fallback is not None:
-        rows.append(("setting", "fallback", orjson.dumps(cfg.fallback).decode()))
-    return rows
-
-
-@dataclass(frozen=True, slots=True)
-class RoutingRows:
-    backends: dict[str, dict[str, Any]]  # backend -> its flow-control fields
-    rules: dict[str, tuple[RuleSpec, ...]]  # frontend model -> its rules
-    pools: tuple[PoolSpec, ...]
-    fallback: str | None
-    skipped: list[str]  # "kind name: why" of rows that no longer parse
-    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models
-    windows: dict[str, int] = field(default_factory=dict)  # provider model -> context window
-    context_failover: frozenset[str] = frozenset()  # frontend models that allow it
-    classes: tuple[PromptClassSpec, ...] = ()  # in declaration order
-    alerts: dict[str, tuple[float, ...]] = field(default_factory=dict)  # principal name -> thresholds
-
-
-def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
-    """Rows back to specs, each re-validated by the file parser; a row that fails is skipped and named."""
-    backends: dict[str, dict[str, Any]] = {}
-    rules: dict[str, tuple[RuleSpec, ...]] = {}
-    pools: list[PoolSpec] = []
-    fallback: str | None = None
-    skipped: list[str] = []
-    keys: dict[str, dict[str, Any]] = {}
-    windows: dict[str, int] = {}
-    failover: set[str] = set()
-    classes: list[tuple[int, PromptClassSpec]] = []
-    alerts: dict[str, tuple[float, ...]] = {}
-    for kind, name, body in rows:
-        p = Problems()
-        try:
-            value = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            skipped.append(f"{kind} {name}: {exc}")
-            continue
-        if kind == "backend" and isinstance(value, dict):
-            p.unknown_fields(name, value, _BACKEND_ROW_FIELDS)
-            if not p.lines:
-                backends[name] = value
-        elif kind == "rules":
-            parsed = parse_rules(p, name, value)
-            if parsed is not None and not p.lines:
-                rules[name] = parsed
-        elif kind == "pool" and isinstance(value, dict):
-            pool = parse_pool(p, name, value)
-            if pool is not None and not p.lines:
-                pools.append(pool)
-        elif kind == "setting" and name == "fallback" and isinstance(value, str):
-            fallback = value
-        elif kind == "alerts" and isinstance(value, list):
-            if all(isinstance(a, int | float) and not isinstance(a, bool) and 0 < a <= 1 for a in value):
-                alerts[name] = tuple(sorted(float(a) for a in value))
-            else:
-                p.add(name, "alert thresholds must be fractions of the budget")
-        elif kind == "class" and isinstance(value, dict):
-            order = value.pop("order", 0)
-            spec = parse_prompt_class(p, name, value)
-            if spec is not None and not p.lines:
-                classes.append((order if isinstance(order, int) else 0, spec))
-        elif kind == "context":
-            if _count(p, name, value, minimum=1) is not None:
-                windows[name] = value
-        elif kind == "model" and isinstance(value, dict):
-            p.unknown_fields(name, value, ("context_failover",))
-            if value.get("context_failover") is True:
-                failover.add(name)
-        elif kind == "key" and isinstance(value, dict):
-            p.unknown_fields(name, value, ("allow_ips", "models"))
-            if "allow_ips" in value:
-                parse_networks(p, f"{name}.allow_ips", value["allow_ips"])
-            models = value.get("models")
-            if models is not None and not (
-                isinstance(models, list) and all(isinstance(m, str) for m in models)
-            ):
-                p.add(f"{name}.models", "must be an array of model names")
-            if not p.lines:
-                keys[name] = value
-        else:
-            p.add(name, f"unknown routing entry kind {kind!r}")
-        if p.lines:
-            skipped.append(f"{kind} {name}: {'; '.join(p.lines)}")
-    return RoutingRows(
-        backends,
-        rules,
-        tuple(pools),
-        fallback,
-        skipped,
-        keys,
-        windows,
-        frozenset(failover),
-        tuple(spec for _, spec in sorted(classes, key=lambda c: c[0])),
-        alerts,
-    )

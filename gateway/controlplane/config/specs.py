@@ -1,0 +1,261 @@
+"""What a configuration is made of: the frozen specs a validated document holds (``ConfigDoc`` and its
+entries, the routing entries among them) and the constants their fields are checked against.
+
+The file parser (``parser``) makes them, the TOML writer (``writer``) and the store's apply read them,
+and the store rebuilds them from its rows (``gateway.controlplane.store``); none of that lives here. No
+I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BACKEND_FLOW_FIELDS",
+    "CREDENTIAL_ROW_FIELDS",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_FIRST_BYTE_TIMEOUT",
+    "DEFAULT_READ_TIMEOUT",
+    "LIMIT_FIELDS",
+    "PROTOCOLS",
+    "BackendSpec",
+    "BudgetSpec",
+    "ConfigDoc",
+    "KeySpec",
+    "LimitsSpec",
+    "ModelSpec",
+    "PoolSpec",
+    "PriceSpec",
+    "PrincipalSpec",
+    "PromptClassSpec",
+    "ProviderBackend",
+    "ProviderModelSpec",
+    "RoleSpec",
+    "RuleSpec",
+]
+
+PROTOCOLS = ("openai", "anthropic", "gemini")
+# The same defaults gateway.snapshot uses when a document omits them.
+DEFAULT_CONNECT_TIMEOUT = 5.0
+DEFAULT_FIRST_BYTE_TIMEOUT = 60.0
+DEFAULT_READ_TIMEOUT = 300.0
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+# A backend's settings kept beside its store row: flow control, its probe, and whether it serves the
+# Responses API itself.
+BACKEND_FLOW_FIELDS = (
+    "max_concurrency",
+    "waiting_high_water",
+    "queue_size",
+    "queue_timeout",
+    "health_path",
+    "responses_api",
+)
+# A pool credential's row (never a [[backends]] field): its backend, its quota and its cool-down.
+CREDENTIAL_ROW_FIELDS = ("credential_of", "requests_per_minute", "tokens_per_minute", "cool_down")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    name: str
+    url: str  # without a trailing slash
+    protocol: str = "openai"
+    api_key: str | None = field(default=None, repr=False)
+    api_key_env: str | None = None
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    first_byte_timeout: float = DEFAULT_FIRST_BYTE_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    # Flow control and active health (see config.routing and docs/configuration.md); None = default.
+    max_concurrency: int | None = None
+    waiting_high_water: int | None = None
+    queue_size: int | None = None
+    queue_timeout: float | None = None
+    health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
+    # The credential read from this file (its content, stripped) when the store applies the document.
+    api_key_file: str | None = None
+    responses_api: bool | None = None  # true: serves /v1/responses itself (openai backends only)
+    # A credential of a pool (``[[backends.credentials]]``): stored as a backend row of its own, named
+    # ``BACKEND/CREDENTIAL``, so that it is sealed, rotated and opened like every backend's credential; the
+    # snapshot folds it into its backend. Its URL, protocol and timeouts are its backend's.
+    credential_of: str | None = None
+    requests_per_minute: int | None = None  # the credential's own quota
+    tokens_per_minute: int | None = None
+    cool_down: float | None = None  # seconds after a 429 that gives no Retry-After (60)
+    credentials: tuple[BackendSpec, ...] = ()  # only between _backend and parse_config's flattening
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderBackend:
+    backend: str
+    model: str  # the model name the backend knows
+
+
+@dataclass(frozen=True, slots=True)
+class PriceSpec:
+    """Currency units per million tokens; cached prompt tokens cost ``input`` unless priced apart."""
+
+    input: float
+    output: float
+    cached_input: float | None = None
+
+    def as_list(self) -> list[float]:
+        """``[input, output, cached_input]`` with the cached price resolved, as the snapshot carries it."""
+        return [self.input, self.output, self.input if self.cached_input is None else self.cached_input]
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderModelSpec:
+    name: str
+    backends: tuple[ProviderBackend, ...]
+    price: PriceSpec | None = None  # charged when a client calls this provider model by name
+    context_window: int | None = None  # tokens, prompt and completion together (gateway.routing.context)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A frontend model: the name clients call, an ordered fallback chain, and alternative names."""
+
+    name: str
+    chain: tuple[str, ...]
+    aliases: tuple[str, ...] = ()
+    price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
+    rules: tuple[RuleSpec, ...] = ()  # terminal routing rules, first match wins (config.routing)
+    context_failover: bool = False  # an upstream context-length 400 may go on to a larger window
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    name: str
+    permissions: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsSpec:
+    """One scope's rate limits; None is unlimited. Parsing never yields one with every field None."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+
+    def is_empty(self) -> bool:
+        return (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.concurrent_requests is None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpec:
+    """What a principal may spend per period: tokens, cost (currency units), or both. Never both None."""
+
+    period: str = "month"
+    tokens: int | None = None
+    cost: float | None = None
+    alerts: tuple[float, ...] = ()  # fractions of the budget at which to alert (budget_alerts)
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalSpec:
+    name: str
+    roles: tuple[str, ...]
+    limits: LimitsSpec | None = None  # all of the principal's keys together
+    # (model name a client calls, limits of this principal calling it), ordered by model name
+    model_limits: tuple[tuple[str, LimitsSpec], ...] = ()
+    budget: BudgetSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    name: str
+    principal: str
+    secret: str | None = field(default=None, repr=False)
+    expires_at: float | None = None  # unix seconds
+    limits: LimitsSpec | None = None
+    # Narrower than the principal: client networks (CIDRs) the key may be used from, and the model names
+    # it may call (None: all its principal's). Kept as a routing entry (config.routing_rows).
+    allow_ips: tuple[str, ...] = ()
+    models: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDoc:
+    backends: tuple[BackendSpec, ...] = ()
+    provider_models: tuple[ProviderModelSpec, ...] = ()
+    models: tuple[ModelSpec, ...] = ()
+    roles: tuple[RoleSpec, ...] = ()
+    principals: tuple[PrincipalSpec, ...] = ()
+    keys: tuple[KeySpec, ...] = ()
+    pools: tuple[PoolSpec, ...] = ()
+    fallback: str | None = None  # [routing] fallback: the model tried when every target is down
+    prompt_classes: tuple[PromptClassSpec, ...] = ()  # for rules' prompt_class conditions
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    name: str
+    policy: str
+    members: tuple[str, ...]  # provider models
+    weights: tuple[int, ...] = ()
+    prefix_bytes: int | None = None
+    max_inflight: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "policy": self.policy, "members": list(self.members)}
+        if self.weights:
+            out["weights"] = list(self.weights)
+        if self.prefix_bytes is not None:
+            out["prefix_bytes"] = self.prefix_bytes
+        if self.max_inflight is not None:
+            out["max_inflight"] = self.max_inflight
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptClassSpec:
+    """A prompt class (``[[prompt_classes]]``): example prompts, optional keywords, the least score."""
+
+    name: str
+    examples: tuple[str, ...]
+    keywords: tuple[str, ...] = ()
+    min_score: float | None = None  # None: gateway.routing.prompt_classes' default
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "examples": list(self.examples)}
+        if self.keywords:
+            out["keywords"] = list(self.keywords)
+        if self.min_score is not None:
+            out["min_score"] = self.min_score
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSpec:
+    when: dict[str, Any] = field(default_factory=dict)  # file form, normalised
+    route: tuple[str, ...] = ()  # provider models and pools, in order
+    refuse: tuple[int, str] | None = None
+    delegate: str | None = None
+    name: str | None = None
+    tag: str | None = None
+    policy: str | None = None
+
+    @property
+    def action(self) -> str:
+        return "refuse" if self.refuse else "delegate" if self.delegate else "route"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.name is not None:
+            out["name"] = self.name
+        out["when"] = self.when
+        if self.refuse is not None:
+            out["refuse"] = {"status": self.refuse[0], "message": self.refuse[1]}
+        elif self.delegate is not None:
+            out["delegate"] = self.delegate
+        else:
+            out["route"] = list(self.route)
+        if self.tag is not None:
+            out["tag"] = self.tag
+        if self.policy is not None:
+            out["policy"] = self.policy
+        return out
