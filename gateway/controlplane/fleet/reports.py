@@ -32,9 +32,12 @@ from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
 
-__all__ = ["TTL", "Fleet", "host_id", "host_report", "traffic_totals"]
+__all__ = ["SILENCE", "TTL", "Fleet", "host_id", "host_report", "traffic_totals"]
 
 TTL = 30.0
+# No report from any host for longer than this (one and a half of the proxies' 10 s report intervals) is
+# taken for the control plane's own outage: see ``Fleet``.
+SILENCE = 15.0
 
 
 def host_id(settings: Settings) -> str:
@@ -179,16 +182,31 @@ def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int
 class Fleet:
     """The reports a control plane received, each kept ``TTL`` seconds, and the rate-limit shares they
     imply for proxy-role hosts (``gateway.controlplane.fleet.shares``). Thread-safe: reports arrive on the
-    event loop, the admin API reads the view on its own threads."""
+    event loop, the admin API reads the view on its own threads.
+
+    Hosts are forgotten, and their shares given back, by *heard time*: the clock runs as usual while
+    reports arrive, but a stretch in which no host at all reported for longer than ``SILENCE`` counts as
+    ``SILENCE`` only. Such a stretch is this control plane's own outage or a network cut in front of it,
+    not every host dying at once, and the hosts kept enforcing their grants through it: the first host to
+    report afterwards must not be handed the shares of the others, which have not had their turn yet."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}  # host: (heard time, report)
+        self._seen_at: dict[str, float] = {}  # host: the clock's time of its last report (for ages)
         # Recent traffic per host and scope: an exponential average over report windows (half from the
         # last window), so that a quiet window does not throw a busy host back to its floor at once.
         self._recent: dict[str, dict[str, float]] = {}
-        self.ledger = ShareLedger(clock(), warmup=TTL)
+        self._last_report: float = clock()
+        self._heard: float = self._last_report
+        # Two TTLs: a host cut off from the control plane keeps its grant for a TTL, then its default,
+        # which the ledger counts for a TTL more (``ShareLedger.forget``).
+        self.ledger = ShareLedger(self._heard, warmup=2 * TTL, linger=TTL)
+
+    def heard_time(self, now: float) -> float:
+        """The heard-time clock at ``now`` (reading it moves nothing)."""
+        return self._heard + min(now - self._last_report, SILENCE)
 
     def record(self, report: dict[str, Any]) -> dict[str, Any]:
         """Keep a report; returns the reporting host's shares: ``{"shares": {scope: share},
@@ -198,8 +216,11 @@ class Fleet:
 
     def _record(self, report: dict[str, Any]) -> dict[str, Any]:
         host = str(report.get("host") or "unknown")
-        now = self._clock()
+        real: float = self._clock()
+        now = self._heard = self.heard_time(real)
+        self._last_report = real
         self._reports[host] = (now, report)
+        self._seen_at[host] = real
         window = report.get("traffic") or {}
         recent = self._recent.setdefault(host, {})
         for scope in set(recent) | set(window):
@@ -228,11 +249,15 @@ class Fleet:
     def _expire(self, now: float) -> None:
         for host in [h for h, (at, _) in self._reports.items() if now - at > TTL]:
             del self._reports[host]
+            self._seen_at.pop(host, None)
             self._recent.pop(host, None)
             self.ledger.forget(host, now)
 
     def view(self) -> list[dict[str, Any]]:
         with self._lock:
-            now = self._clock()
-            self._expire(now)
-            return [dict(report, age_s=round(now - at, 1)) for at, report in self._reports.values()]
+            real: float = self._clock()
+            self._expire(self.heard_time(real))
+            return [
+                dict(report, age_s=round(real - self._seen_at.get(host, real), 1))
+                for host, (_, report) in self._reports.items()
+            ]

@@ -16,17 +16,25 @@ one, well within a report interval). So the held shares of the hosts the ledger 
 a host whose traffic grew gets its larger share once the others have reported twice and given theirs
 back: within two report intervals. A scope no host has a share for is held at a default of at most 1/H.
 
-A host that stops reporting is forgotten after the fleet's TTL, its default counted for one TTL more; a
-proxy host that has had no answer for a TTL falls back to its default on its own. So a host the ledger
-does not count holds at most its floor, which is the room the bound leaves above the counted hosts'.
+A host that stops reporting is forgotten after the fleet's TTL, its default counted for one TTL more
+(``linger``); a proxy host that has had no answer for a TTL falls back to its default on its own. So a
+host the ledger does not count holds at most its floor, which is the room the bound leaves above the
+counted hosts'. Times here are the fleet's *heard time* (``Fleet``): a stretch in which no host reported
+at all is the control plane's own outage and counts only a little, so hosts are not forgotten, nor their
+shares handed to the first host back, because the control plane could not hear them.
 
 Restarts: a proxy host keeps its last grant on disk and enforces it through a control-plane outage and
 its own restarts; with each report it says what it holds, so a control plane that restarted (and knows
 no grants) takes the claim as held. Once it has seen a claim, and for ``warmup`` seconds after its start
-(the fleet's TTL, by which every live host has reported), it grants no host more than it claims to hold,
-and a host that claims nothing no share at all (one request per limit), so the hosts it has not heard from
-yet keep room for what they hold. Left open: a brand-new host that is the very first to report to a
-restarted control plane is taken for the first host of a new cluster.
+(two TTLs, by which every host that is not cut off has reported, and one that is has been counted as long
+as a running control plane counts it), it grants no host more than it claims to hold, and a host that
+claims nothing no share at all (one request per limit), so the hosts it has not heard from yet keep room
+for what they hold.
+
+Left open, both documented: a brand-new host that is the very first to report to a restarted control
+plane is taken for the first host of a new cluster; and a host cut off from the control plane on its own,
+while the others are heard, for more than two TTLs is taken for gone, though it may still serve on its
+last default share.
 """
 
 from __future__ import annotations
@@ -101,13 +109,13 @@ class _Held:
 
 
 class ShareLedger:
-    def __init__(self, now: float, warmup: float) -> None:
+    def __init__(self, now: float, warmup: float, linger: float) -> None:
         self._held: dict[str, _Held] = {}
         # Hosts that stopped reporting, until when their default still counts: a host cut off from the
-        # control plane falls back to its default share after ``warmup`` (the fleet's TTL) without an
-        # answer, and may still be serving on it.
+        # control plane falls back to its default share after a TTL without an answer, and may still be
+        # serving on it.
         self._lingering: dict[str, tuple[float, float]] = {}
-        self._linger = warmup
+        self._linger = linger
         self._warm_until = now + warmup
         self._claims_seen = False  # some host claimed a grant: this control plane restarted on a cluster
 
@@ -118,7 +126,7 @@ class ShareLedger:
 
     def forget(self, host: str, now: float) -> None:
         """A host that stopped reporting: what it held is free again, but for its default, which counts
-        for another ``warmup`` seconds."""
+        for another ``linger`` seconds."""
         entry = self._held.pop(host, None)
         if entry is not None:
             self._lingering[host] = (now + self._linger, entry.current.default)
