@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Final, cast
 from urllib.parse import urlsplit
 
+from gateway.dataplane.tls import make_ssl_context
 from gateway.errors import BadRequest
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
 from gateway.protocol.paths import target_is_safe
@@ -576,9 +577,6 @@ class UpstreamClient:
         if pool.tls:
             ctx = self._ssl
             if ctx is None:
-                # Imported here: upstream.py builds this client, so a top-level import would be a cycle.
-                from gateway.dataplane.upstream import make_ssl_context
-
                 ctx = self._ssl = make_ssl_context()
         try:
             async with asyncio.timeout(timeout):

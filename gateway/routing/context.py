@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from gateway.errors import BadRequest
 
 if TYPE_CHECKING:
-    from gateway.snapshot import Target
+    from gateway.routing.targets import Target
 
 __all__ = ["ContextTooLong", "estimate_prompt_tokens", "fitting", "says_context_exceeded"]
 

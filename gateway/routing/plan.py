@@ -13,35 +13,18 @@ target tuple without building anything. No I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from gateway.budget import Price
 from gateway.routing.load import Load
-from gateway.routing.policies import Policy, make_policy
+from gateway.routing.policies import make_policy
+from gateway.routing.pools import Pool, Step
 from gateway.routing.rules import Facts, Rule
+from gateway.routing.targets import Backend, Target
 
-if TYPE_CHECKING:
-    from gateway.snapshot import Backend, Route, Target
-
-__all__ = ["MAX_DELEGATIONS", "Decision", "Pool", "Step", "compile_pools", "compile_rules", "decide"]
+__all__ = ["MAX_DELEGATIONS", "Decision", "Pool", "Route", "Step", "compile_pools", "compile_rules", "decide"]
 
 MAX_DELEGATIONS = 8  # the control plane refuses cycles; this only bounds a damaged document
-
-
-class Pool:
-    """A named group of provider models' targets under one policy, usable as one step of a rule."""
-
-    __slots__ = ("name", "policy")
-
-    def __init__(self, name: str, policy: Policy) -> None:
-        self.name = name
-        self.policy = policy
-
-    @property
-    def targets(self) -> tuple[Target, ...]:
-        return self.policy.targets
-
-
-Step = Any  # Target | Pool (kept loose: the snapshot's Target is imported lazily to avoid a cycle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +57,26 @@ class Decision:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Route:
+    name: str
+    canonical: str
+    kind: str  # "frontend" | "provider"
+    targets: tuple[Target, ...]
+    price: Price | None = None
+    rules: tuple[Rule, ...] = ()  # frontend models only (and their aliases): see gateway.routing.rules
+    decision: Decision | None = None  # where a request goes when it has no rules and all is up
+    # An upstream "context length exceeded" 400 may fail over to a target with a larger window.
+    context_failover: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.rules:
+            object.__setattr__(self, "decision", Decision(self.canonical, None, self.targets))
+
+
 def _targets_of(
     entries: list[list[str]], backends: dict[str, Backend], windows: dict[str, int] | None = None
 ) -> tuple[Target, ...]:
-    from gateway.snapshot import Target
 
     windows = windows or {}
     return tuple(

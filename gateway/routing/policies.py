@@ -27,7 +27,7 @@ from blake3 import blake3
 from gateway.routing.load import Load
 
 if TYPE_CHECKING:
-    from gateway.snapshot import Target
+    from gateway.routing.targets import Target
 
 __all__ = ["POLICIES", "Policy", "backend_hash", "make_policy"]
 

@@ -22,17 +22,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.routing.load import Load
+from gateway.routing.policies import Policy
+from gateway.routing.pools import Step
 from gateway.routing.prompt_classes import Classifier, prompt_text
 
-if TYPE_CHECKING:
-    from gateway.routing.plan import Step
-    from gateway.routing.policies import Policy
-    from gateway.snapshot import Principal
-
-__all__ = ["ACTIONS", "CONDITIONS", "Facts", "Rule"]
+__all__ = ["ACTIONS", "CONDITIONS", "Caller", "Facts", "Rule"]
 
 ACTIONS = ("route", "refuse", "delegate")
 CONDITIONS = (
@@ -52,11 +49,21 @@ CONDITIONS = (
 )
 
 
+class Caller(Protocol):
+    """What rules may test of the calling principal (the snapshot's ``Principal`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def roles(self) -> frozenset[str]: ...
+
+
 @dataclass(slots=True)
 class Facts:
     """What rules may look at, gathered once per request."""
 
-    principal: Principal
+    principal: Caller
     headers: Mapping[str, str]  # lowercase names -> value (granian's headers or a dict)
     user: str | None
     prompt_tokens: int

@@ -44,7 +44,7 @@ from gateway.config import Settings
 from gateway.controlplane.fleet.engines import EngineScraper
 from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
 from gateway.controlplane.fleet.spool import UsageSpool
-from gateway.dataplane.upstream import make_ssl_context
+from gateway.dataplane.tls import make_ssl_context
 from gateway.native import BucketTable, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
