@@ -32,7 +32,6 @@ __all__ = [
     "UsageRecord",
     "access_line",
     "decode_record",
-    "encode_fields",
     "encode_record",
     "fit_record",
     "fit_tag",
@@ -95,11 +94,6 @@ class UsageRecord(NamedTuple):
 
 def encode_record(record: UsageRecord) -> bytes:
     return orjson.dumps((VERSION, *record))
-
-
-def encode_fields(*fields: Any) -> bytes:
-    """``encode_record`` without building the dataclass: the request path passes the fields in order."""
-    return orjson.dumps((VERSION, *fields))
 
 
 _STR, _INT, _NUM, _LIST = frozenset({str}), frozenset({int}), frozenset({int, float}), frozenset({list})

@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from gateway.dataplane.accounting import Accounting
+from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import HOLD_WORDS, Holdings, Limiter
 from gateway.dataplane.tap import ResponseTap
@@ -79,7 +79,7 @@ def request_loop(limits: bool, budget: bool, usage: bool) -> Callable[[int], Non
     def run(n: int) -> None:
         for i in range(n):
             ex = acc.admit(key, "m", route, 120, 16, 512)
-            if ex is None:
+            if not isinstance(ex, Exchange):  # nothing to account: the do-nothing exchange
                 continue
             tap = ResponseTap(proto, ex.headers)
             tap.response_bytes(200, headers, ANSWER)

@@ -8,9 +8,14 @@ the principal's budget, so that the client's next request already meets them. ``
 answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
 one usage record to the control worker. I/O: none (shared memory only).
 
-The request path sets ``Exchange.tag`` and ``Exchange.rule`` from the deciding routing rule, and the
-forwarder appends one entry per attempt to ``Exchange.trace`` (the route trace); the record carries them,
-the trace and tag cut to what fits the ring's slot (``gateway.usage_record.fit_record``).
+The request path sees one interface whatever is on: ``admit`` gives an ``Exchange``, or ``UNMETERED``
+when nothing needs accounting for this request (no limit on its key, no budget, no usage records; an
+``Accounting`` of nothing, the app's default, always does), a do-nothing exchange whose ``open`` hands the
+client's protocol object back untouched and whose ``finish`` does nothing. ``Exchange.open`` notes the
+deciding routing rule and its tag, samples the request for OpenTelemetry, starts its route trace (the
+forwarder appends one entry per attempt), asks a stream for its usage (``--inject-stream-usage``) and
+wraps the client's protocol object in the tap; the record carries the trace and the tag, cut to what fits
+the ring's slot (``gateway.usage_record.fit_record``).
 
 Tokens counted for a request: what the engine reported; for an answer that ended short (its client went
 away, or its backend broke off: ``ResponseTap.cut``) without the engine's report, an estimate of what was
@@ -26,26 +31,52 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
+from gateway.config import Settings
 from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.dialects import Outgoing
+from gateway.dataplane.forward import Attempted, RelayAborted
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
+from gateway.dataplane.rsgi import Headers, HTTPProtocol
 from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.trace_context import RequestSpan, operation_of, sample
 from gateway.dataplane.usage_log import UsageLog
+from gateway.errors import GatewayError
 from gateway.native import NativeError
+from gateway.protocol.openai_request import inject_stream_usage
+from gateway.routing.rules import Rule
 from gateway.snapshot import KeyEntry, Route
-from gateway.usage_record import encode_fields, fit_record
+from gateway.usage_record import UsageRecord, encode_record, fit_record
 
-__all__ = ["Accounting", "Exchange"]
+__all__ = ["CLIENT_GONE", "UNMETERED", "Accounting", "Exchange", "Settled", "Unmetered"]
 
 log = logging.getLogger("gateway.dataplane")
 
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection before the answer
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
+# Where an engine reports a stream's usage only when asked with stream_options.include_usage.
+_STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+
+
+class Settled(NamedTuple):
+    """What an answer used, counted once (``Accounting.settle``): the record's token and cost fields."""
+
+    prompt: int
+    completion: int
+    cached: int
+    total: int
+    source: str  # "reported" | "estimated" | "none"
+    cost: int  # in nano-units of the price's currency
+    budget_key: int | None  # the live spend counter charged; None when none was
 
 
 @dataclass(slots=True)
 class Exchange:
+    """A request that is accounted for, from admission to its record."""
+
+    accounting: Accounting
     key: KeyEntry
     model: str
     route: Route
@@ -56,19 +87,126 @@ class Exchange:
     started: float  # perf_counter
     headers: list[tuple[str, str]]
     client_request_id: str | None = None
-    tag: str | None = None  # the routing rule's usage tag, set by the request path once decided
+    tag: str | None = None  # the routing rule's usage tag (``open``)
     rule: str | None = None  # the routing rule that decided, by name (``#N`` when it has none)
     trace: list[Any] | None = None  # the forwarder's attempts (``gateway.usage_record``); None: not traced
-    span: list[Any] | None = None  # OpenTelemetry ids when sampled
-    # Set by ``settle``: (prompt, completion, cached, total, source, cost in nano-units, budget window key).
-    settled: tuple[int, int, int, int, str, int, int | None] | None = None
+    span: list[Any] | None = None  # OpenTelemetry ids when sampled, as the record carries them
+    request_span: RequestSpan | None = None  # the same span, for the forwarder's attempts
+    settled: Settled | None = None  # set by ``settle``
+
+    def open(
+        self,
+        proto: HTTPProtocol,
+        headers: Headers,
+        out: Outgoing,
+        path: str,
+        tag: str | None,
+        rule: Rule | None,
+    ) -> ResponseTap:
+        """Start the answer's accounting: what the record says of the routing decision, the trace and
+        span, the stream usage asked for; the tap the answer goes out through."""
+        accounting = self.accounting
+        self.tag = tag
+        if rule is not None:
+            self.rule = rule.name or f"#{rule.index}"
+        span = None
+        if accounting.otel_ratio:  # OpenTelemetry export on: is this request sampled?
+            span = sample(headers.get("traceparent"), accounting.otel_ratio)
+            if span is not None:
+                self.request_span = span
+                self.span = span.ids(operation_of(path), out.dialect)
+        if accounting.route_trace or span is not None:
+            self.trace = []
+        request_id = self.request_id
+        if out.dialect == "anthropic" and request_id:
+            # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
+            self.headers.append(("request-id", self.client_request_id or request_id))
+        info = out.info
+        injected = (
+            info is not None
+            and info.stream
+            and not info.stream_options
+            and path in _STREAM_USAGE_PATHS
+            and accounting.stream_usage
+        )
+        if injected:
+            out.body = inject_stream_usage(out.body)
+        tap = ResponseTap(proto, self.headers, partial(accounting.settle, self))
+        tap.withhold_usage = injected
+        if request_id:
+            accounting.live[request_id] = self
+        return tap
+
+    def finish(self, client: HTTPProtocol, attempted: Attempted | None, failed: BaseException | None) -> None:
+        """The request ended: with ``attempted`` (None when the client went away first), or ``failed``
+        with that exception, which goes on to the client. Settles if the answer did not, and records."""
+        tap = client
+        assert isinstance(tap, ResponseTap)  # the one ``open`` made
+        status, backend, attempts = CLIENT_GONE, None, 0
+        if attempted is not None:
+            status = tap.status or attempted.status
+            backend = attempted.target.backend.name if attempted.target is not None else None
+            if backend is not None and attempted.credential is not None:
+                backend += "/" + attempted.credential  # the credential by name, as the store has it
+            attempts = attempted.attempts
+        elif isinstance(failed, GatewayError):
+            status = failed.status
+            # The gateway's own answer carries the id too, so the refusal can be looked up.
+            if self.request_id:
+                failed.headers["x-request-id"] = self.client_request_id or self.request_id
+        elif isinstance(failed, RelayAborted):
+            status = tap.status
+        self.accounting.finish(self, tap, status, backend, attempts)
+
+
+class Unmetered:
+    """The exchange of a request nothing is accounted for: the client's protocol object goes to the
+    forwarder as it is, and nothing is traced, sampled or recorded (a record is where those go)."""
+
+    __slots__ = ()
+
+    trace: list[Any] | None = None
+    request_span: RequestSpan | None = None
+
+    def open(
+        self,
+        proto: HTTPProtocol,
+        headers: Headers,
+        out: Outgoing,
+        path: str,
+        tag: str | None,
+        rule: Rule | None,
+    ) -> HTTPProtocol:
+        return proto
+
+    def finish(self, client: HTTPProtocol, attempted: Attempted | None, failed: BaseException | None) -> None:
+        return None
+
+
+UNMETERED = Unmetered()
 
 
 class Accounting:
-    def __init__(self, limiter: Limiter | None, budgets: BudgetGuard | None, usage: UsageLog | None) -> None:
+    """One worker's accounting: its rate limits, budgets and usage ring, each None when off
+    (``Accounting(None, None, None)`` accounts for nothing). ``settings`` says what a recorded request
+    carries besides its usage: a route trace, an OpenTelemetry span, a stream's usage asked for."""
+
+    def __init__(
+        self,
+        limiter: Limiter | None,
+        budgets: BudgetGuard | None,
+        usage: UsageLog | None,
+        settings: Settings | None = None,
+    ) -> None:
         self.limiter = limiter
         self.budgets = budgets
         self.usage = usage
+        self.route_trace = settings is not None and settings.route_trace
+        # The share of requests sampled for OpenTelemetry; 0 when no collector is configured.
+        self.otel_ratio = 0.0
+        if settings is not None and settings.otel_endpoint:
+            self.otel_ratio = settings.otel_sample_ratio
+        self.stream_usage = settings is not None and settings.inject_stream_usage
         self.max_record = usage.ring.max_record if usage is not None else 0
         # Requests between dispatch and their record, by request id: what the worker publishes as its
         # live requests (``live_doc``). One dict store and one pop per request.
@@ -83,15 +221,16 @@ class Accounting:
         max_tokens: int | None,
         default: int,
         client_request_id: str | None = None,
-    ) -> Exchange | None:
-        """Check the budget and take the rate limits; None when nothing needs accounting."""
+    ) -> Exchange | Unmetered:
+        """Check the budget and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
         budget = key.principal.budget
-        if budget is not None and self.budgets is not None:
-            self.budgets.check(budget, time.time())
+        budgets = self.budgets
+        if budget is not None and budgets is not None:
+            budgets.check(budget, time.time())
         prompt, estimate = estimate_tokens(body_len, max_tokens, default)
         ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
-        if ticket is None and self.usage is None and budget is None:
-            return None
+        if ticket is None and self.usage is None and (budget is None or budgets is None):
+            return UNMETERED
         request_id = self.usage.request_id() if self.usage is not None else ""
         headers = ticket.headers if ticket is not None else []
         client_id = (
@@ -104,7 +243,17 @@ class Accounting:
             if client_id:
                 headers.append(("x-gateway-request-id", request_id))
         return Exchange(
-            key, model, route, estimate, prompt, ticket, request_id, time.perf_counter(), headers, client_id
+            self,
+            key,
+            model,
+            route,
+            estimate,
+            prompt,
+            ticket,
+            request_id,
+            time.perf_counter(),
+            headers,
+            client_id,
         )
 
     def settle(self, ex: Exchange, tap: ResponseTap, status: int) -> None:
@@ -148,7 +297,7 @@ class Accounting:
                 budget_key = self.budgets.charge(budget, time.time(), total, cost)
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
-        ex.settled = (prompt, completion, cached, total, source, cost, budget_key)
+        ex.settled = Settled(prompt, completion, cached, total, source, cost, budget_key)
 
     def live_doc(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` requests in flight, oldest first, for the worker's statistics slot."""
@@ -187,30 +336,32 @@ class Accounting:
         if self.usage is not None:
             assert ex.settled is not None
             prompt, completion, cached, total, source, cost, budget_key = ex.settled
-            record = encode_fields(
-                ex.request_id,
-                time.time(),
-                ex.key.principal.id,
-                ex.key.id,
-                ex.model,
-                backend,
-                status,
-                prompt,
-                completion,
-                cached,
-                total,
-                source,
-                cost,
-                (ended - ex.started) * 1000.0,
-                None if tap.started is None else (tap.started - ex.started) * 1000.0,
-                budget_key,
-                ex.client_request_id,
-                attempts,
-                ex.tag,
-                tap.cut,
-                ex.rule,
-                ex.trace,
-                ex.span,
+            record = encode_record(
+                UsageRecord(
+                    ex.request_id,
+                    time.time(),
+                    ex.key.principal.id,
+                    ex.key.id,
+                    ex.model,
+                    backend,
+                    status,
+                    prompt,
+                    completion,
+                    cached,
+                    total,
+                    source,
+                    cost,
+                    (ended - ex.started) * 1000.0,
+                    None if tap.started is None else (tap.started - ex.started) * 1000.0,
+                    budget_key,
+                    ex.client_request_id,
+                    attempts,
+                    ex.tag,
+                    tap.cut,
+                    ex.rule,
+                    ex.trace,
+                    ex.span,
+                )
             )
             if len(record) > self.max_record:
                 record = fit_record(record, self.max_record)

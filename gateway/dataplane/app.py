@@ -13,14 +13,14 @@ import asyncio
 import logging
 import os
 import time
-from functools import partial
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 from urllib.parse import unquote_plus
 
 import orjson
 
 from gateway.config import Settings
-from gateway.dataplane.accounting import CLIENT_GONE, Accounting
+from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
@@ -28,8 +28,7 @@ from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
 from gateway.dataplane.forward import Forwarder, RelayAborted
-from gateway.dataplane.tap import ResponseTap
-from gateway.dataplane.trace_context import operation_of, sample
+from gateway.dataplane.rsgi import Headers, HTTPProtocol, Scope
 from gateway.dataplane.upstream import HOP_BY_HOP, connection_named, make_client
 from gateway.errors import (
     AddressNotAllowed,
@@ -44,7 +43,7 @@ from gateway.errors import (
 from gateway.keys import hash_secret
 from gateway.native import top_members
 from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
-from gateway.protocol.openai_request import RequestInfo, inject_stream_usage, inspect_json, inspect_multipart
+from gateway.protocol.openai_request import RequestInfo, inspect_json, inspect_multipart
 from gateway.protocol.paths import check_client_path
 from gateway.protocol.responses_openai import inspect_request as inspect_responses
 from gateway.routing.context import estimate_prompt_tokens, fitting
@@ -57,7 +56,7 @@ from gateway.shm.snapshot_slot import (
     SnapshotReader,
 )
 from gateway.shm.worker_stats import WorkerStats
-from gateway.snapshot import KeyEntry, Snapshot
+from gateway.snapshot import KeyEntry, Route, Snapshot
 
 __all__ = ["ProxyApp"]
 
@@ -69,14 +68,13 @@ _JSON = [("content-type", "application/json")]
 _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
 _KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
-# Where an engine reports a stream's usage only when asked with stream_options.include_usage.
-_STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
 _MESSAGES = "/v1/messages"
 _COUNT_TOKENS = "/v1/messages/count_tokens"
 # OpenAI's Responses API: POST creates; its sub-resources (a stored response) name the model in the query.
 _RESPONSES = "/v1/responses"
 LIVE_LIMIT = 25  # in-flight requests a worker publishes each second (they share a 16 KiB slot)
+T = TypeVar("T")
 
 
 class ProxyApp:
@@ -91,7 +89,8 @@ class ProxyApp:
         clients: ClientLimiter | None = None,
     ) -> None:
         self.settings = settings
-        self.accounting = accounting
+        # Without one, an accounting of nothing: every request goes the one path, unmetered.
+        self.accounting = accounting if accounting is not None else Accounting(None, None, None)
         self.hash_key = hash_key
         self.reader = reader
         self.snapshot = Snapshot.empty()
@@ -113,13 +112,11 @@ class ProxyApp:
         self.requests = 0
         self.refused: dict[int, int] = {}  # answers the gateway gave itself, by status
         self.started_at = time.time()
-        # The share of requests sampled for OpenTelemetry; 0 when no collector is configured.
-        self.otel_ratio = settings.otel_sample_ratio if settings.otel_endpoint else 0.0
 
     # -- lifecycle (called by granian on the worker's loop) --------------------------------------
     def __rsgi_init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.refresh_snapshot()
-        limiter = self.accounting.limiter if self.accounting is not None else None
+        limiter = self.accounting.limiter
         self.forwarder = Forwarder(
             make_client(),
             self.settings.backend_cool_down,
@@ -140,7 +137,7 @@ class ProxyApp:
             ),
         )
         self._follow_task = loop.create_task(self._follow_snapshots())
-        if self.accounting is not None and self.accounting.usage is not None:
+        if self.accounting.usage is not None:
             self._usage_task = loop.create_task(self.accounting.usage.run())
         if self.stats is not None:
             self._stats_task = loop.create_task(self._publish_stats())
@@ -171,7 +168,7 @@ class ProxyApp:
             return False
         self.snapshot = snap
         self._models_cache = {}
-        if self.accounting is not None and self.accounting.limiter is not None:
+        if self.accounting.limiter is not None:
             self.accounting.limiter.forget_plans()
             # The host's control slot writes the shares before it publishes a first snapshot: read them
             # now rather than at the next statistics round, so no request is admitted on a whole limit.
@@ -180,7 +177,7 @@ class ProxyApp:
 
     def apply_shares(self) -> None:
         """This host's shares of rate limits, as its control slot last wrote them (proxy-role hosts)."""
-        limiter = self.accounting.limiter if self.accounting is not None else None
+        limiter = self.accounting.limiter
         if limiter is None or limiter.shares is None or self.stats is None:
             return
         raw = self.stats[0].read(self.stats[0].host_slot)
@@ -195,6 +192,7 @@ class ProxyApp:
         """About once a second: this worker's counters, for the host's health reports."""
         assert self.stats is not None
         slots, index = self.stats
+        accounting = self.accounting
         while True:
             forwarder = self.forwarder
             document = {
@@ -205,17 +203,14 @@ class ProxyApp:
                 "refused": {str(status): n for status, n in self.refused.items()},
                 "generation": self.snapshot.generation,
                 "revision": self.snapshot.revision,
-                "usage_backlog": len(self.accounting.usage.backlog)
-                if self.accounting is not None and self.accounting.usage is not None
-                else 0,
+                "usage_backlog": len(accounting.usage.backlog) if accounting.usage is not None else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
                 "credentials": forwarder.credentials.as_dict() if forwarder else {},
             }
-            if self.accounting is not None:
-                document["live"] = self.accounting.live_doc(LIVE_LIMIT)
-                document["live_count"] = len(self.accounting.live)
-                document["published_at"] = time.time()
-            limiter = self.accounting.limiter if self.accounting is not None else None
+            document["live"] = accounting.live_doc(LIVE_LIMIT)
+            document["live_count"] = len(accounting.live)
+            document["published_at"] = time.time()
+            limiter = accounting.limiter
             if limiter is not None and limiter.shares is not None:
                 document["traffic"] = dict(limiter.traffic)
                 self.apply_shares()
@@ -235,7 +230,7 @@ class ProxyApp:
             self.apply_shares()
 
     # -- dispatch ----------------------------------------------------------------------------------
-    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+    async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
         path: str = scope.path
         if path.startswith("/v1/"):
             self.in_flight += 1
@@ -318,7 +313,7 @@ class ProxyApp:
         return "ok", "local"
 
     # -- the request path ---------------------------------------------------------------------------
-    async def handle_v1(self, scope: Any, proto: Any, path: str) -> None:
+    async def handle_v1(self, scope: Scope, proto: HTTPProtocol, path: str) -> None:
         unsafe = check_client_path(path)
         if unsafe is not None:
             raise BadRequest(unsafe)
@@ -330,36 +325,17 @@ class ProxyApp:
             refusal = key_rules.address_refusal(self.client_address(scope))
             if refusal is not None:
                 raise AddressNotAllowed(refusal)
-        method: str = scope.method
-        if path == "/v1/models" and method == "GET":
+        if path == "/v1/models" and scope.method == "GET":
             proto.response_bytes(200, _JSON, self.models_body(snap, key))
             return
         body = await self.read_body(proto, headers.get("content-length"))
         out = self.outgoing(scope, path, body)
+        route = self.authorise(snap, key, out)
+        if path == _COUNT_TOKENS:
+            await self.count_tokens(proto, out, route)
+            return
         info = out.info
         assert info is not None
-        route = snap.route(info.model)
-        if route is None:
-            # Each API's own wording: Anthropic's clients match on "model: NAME" with not_found_error.
-            missing = f"model: {info.model}" if out.dialect == "anthropic" else None
-            raise NotFound(missing or f"The model `{info.model}` does not exist", param="model")
-        # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
-        if not key.principal.may_use(route.name):
-            raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
-        if key_rules is not None and (refusal := key_rules.model_refusal(route.name, info.model)):
-            raise Forbidden(refusal, param="model")
-        if path == _COUNT_TOKENS:
-            # An Anthropic backend counts for itself, exactly (and reads what it wants of the body); for a
-            # route without one the gateway answers its estimate. Neither is rate-limited nor recorded.
-            native = tuple(t for t in route.targets if t.backend.protocol == "anthropic")
-            if native:
-                await self.run_guarded(proto, self.forwarder_or_fail().forward(proto, out, native))
-                return
-            assert out.messages is not None
-            proto.response_bytes(
-                200, _JSON, orjson.dumps({"input_tokens": estimate_input_tokens(out.messages)})
-            )
-            return
         facts = None
         if route.rules:
             prompt = len(body) // 4
@@ -387,69 +363,57 @@ class ProxyApp:
             targets = fit
             decided = snap.routes.get(decision.model)
             out.context_failover = decided is not None and decided.context_failover
-        accounting = self.accounting
-        exchange = None
-        if accounting is not None:
-            exchange = accounting.admit(
-                key,
-                info.model,
-                route,
-                len(body),
-                info.max_tokens,
-                self.settings.default_completion_tokens,
-                headers.get("x-request-id"),
-            )
         forwarder = self.forwarder_or_fail()
-        if accounting is None or exchange is None:
-            await self.run_guarded(proto, forwarder.forward(proto, out, targets, scope))
-            return
-        exchange.tag = decision.tag
-        rule = decision.rule
-        if rule is not None:
-            exchange.rule = rule.name or f"#{rule.index}"
-        span = None
-        if self.otel_ratio:  # OpenTelemetry export on: is this request sampled?
-            span = sample(headers.get("traceparent"), self.otel_ratio)
-            if span is not None:
-                exchange.span = span.ids(operation_of(path), out.dialect)
-        trace = exchange.trace = [] if self.settings.route_trace or span is not None else None
-        if out.dialect == "anthropic" and exchange.request_id:
-            # Anthropic's SDKs read the id from ``request-id`` (``x-request-id`` stays for everyone else).
-            exchange.headers.append(("request-id", exchange.client_request_id or exchange.request_id))
-        injected = (
-            info.stream
-            and not info.stream_options
-            and path in _STREAM_USAGE_PATHS
-            and self.settings.inject_stream_usage
+        exchange = self.accounting.admit(
+            key,
+            info.model,
+            route,
+            len(body),
+            info.max_tokens,
+            self.settings.default_completion_tokens,
+            headers.get("x-request-id"),
         )
-        if injected:
-            out.body = inject_stream_usage(body)
-        tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
-        tap.withhold_usage = injected
-        status, backend, attempts = CLIENT_GONE, None, 0
-        if exchange.request_id:
-            accounting.live[exchange.request_id] = exchange
+        # The tap, or (nothing to account for) the client's own protocol object: one path either way.
+        client = exchange.open(proto, headers, out, path, decision.tag, decision.rule)
         try:
-            attempted = await self.run_guarded(tap, forwarder.forward(tap, out, targets, scope, trace, span))
-            if attempted is not None:
-                status = tap.status or attempted.status
-                backend = attempted.target.backend.name if attempted.target is not None else None
-                if backend is not None and attempted.credential is not None:
-                    backend += "/" + attempted.credential  # the credential by name, as the store has it
-                attempts = attempted.attempts
-        except GatewayError as exc:
-            status = exc.status
-            # The gateway's own answer carries the id too, so the refusal can be looked up.
-            if exchange.request_id:
-                exc.headers["x-request-id"] = exchange.client_request_id or exchange.request_id
+            attempted = await self.run_guarded(
+                client, forwarder.forward(client, out, targets, scope, exchange.trace, exchange.request_span)
+            )
+        except BaseException as exc:
+            exchange.finish(client, None, exc)
             raise
-        except RelayAborted:
-            status = tap.status
-            raise
-        finally:
-            accounting.finish(exchange, tap, status, backend, attempts)
+        exchange.finish(client, attempted, None)
 
-    def outgoing(self, scope: Any, path: str, body: bytes) -> Outgoing:
+    def authorise(self, snap: Snapshot, key: KeyEntry, out: Outgoing) -> Route:
+        """The route of the model the request names, if the key may call it: 404 for a name nobody may
+        call (before authorisation, so a name's existence is not told apart), else 403."""
+        info = out.info
+        assert info is not None
+        route = snap.route(info.model)
+        if route is None:
+            # Each API's own wording: Anthropic's clients match on "model: NAME" with not_found_error.
+            missing = f"model: {info.model}" if out.dialect == "anthropic" else None
+            raise NotFound(missing or f"The model `{info.model}` does not exist", param="model")
+        # By the route's name: the caller's own, or the pattern alias (``claude-*``) that matched it.
+        if not key.principal.may_use(route.name):
+            raise Forbidden(f"You are not allowed to use the model `{info.model}`", param="model")
+        key_rules = key.rules
+        if key_rules is not None and (refusal := key_rules.model_refusal(route.name, info.model)):
+            raise Forbidden(refusal, param="model")
+        return route
+
+    async def count_tokens(self, proto: HTTPProtocol, out: Outgoing, route: Route) -> None:
+        """``POST /v1/messages/count_tokens``: an Anthropic backend counts for itself, exactly (and reads
+        what it wants of the body); for a route without one the gateway answers its estimate. Neither is
+        rate-limited nor recorded."""
+        native = tuple(t for t in route.targets if t.backend.protocol == "anthropic")
+        if native:
+            await self.run_guarded(proto, self.forwarder_or_fail().forward(proto, out, native))
+            return
+        assert out.messages is not None
+        proto.response_bytes(200, _JSON, orjson.dumps({"input_tokens": estimate_input_tokens(out.messages)}))
+
+    def outgoing(self, scope: Scope, path: str, body: bytes) -> Outgoing:
         """The request as the forwarder sends it: parsed just enough, in the client's protocol."""
         headers = scope.headers
         method: str = scope.method
@@ -499,9 +463,9 @@ class ProxyApp:
             "openai", method, path_qs, forwarded, body, info, None, self.settings.default_completion_tokens
         )
 
-    def authenticate(self, snap: Snapshot, headers: Any) -> KeyEntry:
+    def authenticate(self, snap: Snapshot, headers: Headers) -> KeyEntry:
         """The caller's key from ``Authorization: Bearer`` or, as Anthropic clients send it, ``x-api-key``."""
-        authorization: str | None = headers.get("authorization")
+        authorization = headers.get("authorization")
         if authorization and authorization.startswith(("Bearer ", "bearer ")):
             secret = authorization[7:].strip()
         else:
@@ -515,7 +479,7 @@ class ProxyApp:
             raise Unauthorized("This API key has expired")
         return entry
 
-    async def read_body(self, proto: Any, content_length: str | None) -> bytes:
+    async def read_body(self, proto: HTTPProtocol, content_length: str | None) -> bytes:
         bodies = self.bodies
         assert bodies is not None  # made on the worker's loop, before the first request
         return await bodies.read(proto, content_length)
@@ -533,7 +497,7 @@ class ProxyApp:
             raise BadRequest("you must provide a model parameter", param="model")
         return inspect_json(body, top_members)
 
-    def client_address(self, scope: Any) -> str:
+    def client_address(self, scope: Scope) -> str:
         """The client's address: the socket's peer, or the hop a trusted proxy vouches for."""
         peer = peer_address(scope.client or "")
         if self.trusted:
@@ -560,7 +524,7 @@ class ProxyApp:
             raise GatewayError("worker is not initialised")
         return self.forwarder
 
-    async def run_guarded(self, proto: Any, work: Any) -> Any:
+    async def run_guarded(self, proto: HTTPProtocol, work: Awaitable[T]) -> T | None:
         """Run ``work`` and return its result, or None when the client went away: then ``work`` is
         cancelled, and with it the upstream request. The client is watched only once the request has run
         for ``disconnect_watch_after`` seconds (``disconnects``): short requests never pay for it."""

@@ -27,6 +27,7 @@ import asyncio
 from collections import deque
 from typing import Any
 
+from gateway.dataplane.rsgi import HTTPProtocol
 from gateway.errors import BadRequest, PayloadTooLarge, RequestTimeout, ServiceUnavailable
 
 __all__ = ["WHOLE", "BodyBudget", "BodyReader", "StallWatch"]
@@ -173,7 +174,7 @@ class BodyReader:
         self.budget = budget
         self.held: dict[asyncio.Task[Any], int] = {}  # the tasks holding budget room, and how much
 
-    async def read(self, proto: Any, content_length: str | None) -> bytes:
+    async def read(self, proto: HTTPProtocol, content_length: str | None) -> bytes:
         limit = self.limit
         declared = -1
         if content_length is not None:
@@ -187,11 +188,11 @@ class BodyReader:
                 return await self._whole(proto)
         return await self._chunks(proto, declared)
 
-    async def _whole(self, proto: Any) -> bytes:
+    async def _whole(self, proto: HTTPProtocol) -> bytes:
         stalls = self.stalls
         task = stalls.start()
         try:
-            body: bytes = await proto()
+            body = await proto()
         except asyncio.CancelledError:
             if stalls.timed_out(task):
                 raise self._stalled() from None
@@ -200,7 +201,7 @@ class BodyReader:
             stalls.stop(task)
         return body
 
-    async def _chunks(self, proto: Any, declared: int) -> bytes:
+    async def _chunks(self, proto: HTTPProtocol, declared: int) -> bytes:
         limit = self.limit
         stalls = self.stalls
         # Room for twice what arrives, for the request's lifetime: see the module's docstring. Taken

@@ -23,9 +23,9 @@ from __future__ import annotations
 import ipaddress
 import math
 import zlib
-from typing import Any
 
 from gateway.dataplane.limits import Holdings
+from gateway.dataplane.rsgi import Scope
 from gateway.errors import RateLimited
 from gateway.native import LIMIT_CONCURRENCY, LIMIT_REQUESTS, AdmissionPlan, AtomicWords, BucketTable
 from gateway.shm.bucket_keys import bucket_key
@@ -134,7 +134,7 @@ class ClientLimiter:
     def active(self) -> bool:
         return self.max_requests > 0 or self.rate > 0
 
-    def address(self, scope: Any) -> str:
+    def address(self, scope: Scope) -> str:
         """The request's client address, as the limits count it."""
         peer = peer_address(scope.client)
         if self.trusted:
@@ -162,14 +162,14 @@ class ClientLimiter:
             plan = self._plans[slot] = AdmissionPlan(rows)
         return plan
 
-    def admit(self, scope: Any) -> ClientTicket:
+    def admit(self, scope: Scope) -> ClientTicket:
         """Take a place and a request from the caller's address, or raise RateLimited (429, Retry-After)."""
         if self.trusted:
             address = self.address(scope)
         else:
             # The peer's "host:port" up to its last colon ("[::1]" for IPv6) names its plan: one slice and
             # one dict lookup per request; the address is worked out only when it is new.
-            client: str = scope.client
+            client = scope.client
             address = client[: client.rfind(":")]
         plan = self._by_address.get(address)
         if plan is None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from gateway.dataplane.rsgi import HTTPProtocol
+
 __all__ = ["DisconnectWatch", "Watched"]
 
 
@@ -24,7 +26,7 @@ class Watched:
 
     __slots__ = ("gone", "proto", "task", "watcher")
 
-    def __init__(self, proto: Any, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, proto: HTTPProtocol, task: asyncio.Task[Any] | None) -> None:
         self.proto = proto
         self.task = task
         self.gone = False  # set when the client left and the task was cancelled for it
@@ -55,7 +57,7 @@ class DisconnectWatch:
         self.pending: dict[Watched, float] = {}  # insertion order is start order
         self.timer: asyncio.TimerHandle | None = None
 
-    def add(self, proto: Any) -> Watched:
+    def add(self, proto: HTTPProtocol) -> Watched:
         """Note the request the current task runs, starting now; its watch is armed ``after`` seconds from
         now if it still runs. (The loop named: without it, asyncio looks the running loop up, which costs
         a ``getpid()`` system call.)"""

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from granian._granian import RSGIProtocolClosed as ProtocolClosed
 
@@ -40,6 +40,7 @@ from gateway.dataplane.http_client import (
     UpstreamResponse,
 )
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
+from gateway.dataplane.rsgi import HTTPProtocol, Scope, Transport
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
@@ -155,10 +156,10 @@ class Forwarder:
 
     async def forward(
         self,
-        proto: Any,
+        proto: HTTPProtocol,
         out: Outgoing,
         targets: tuple[Target, ...],
-        peer: Peer | None = None,
+        peer: Scope | None = None,
         trace: list[Any] | None = None,
         span: RequestSpan | None = None,
     ) -> Attempted:
@@ -167,7 +168,8 @@ class Forwarder:
         target whose backend has a credential pool is tried with its usable credentials in turn, as long
         as what failed was the credential (401, 403, 429); all tries share ``max_attempts``.
         ``peer`` (the RSGI scope: its ``client`` and ``server`` addresses name the client's connection) lets
-        a streamed answer wait for its client; it is read only by a stream that relayed a window. Each
+        a streamed answer wait for its client; it is read only by a stream that relayed a window (granian
+        makes those two strings when they are read: a short request never pays for them). Each
         attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
         span id of its own, sent to the engine as ``traceparent``."""
         load = self.load
@@ -226,7 +228,7 @@ class Forwarder:
         return len(out.body) // 4 + wanted
 
     async def _relay(
-        self, proto: Any, resp: UpstreamResponse, translation: Translation | None, peer: Peer | None
+        self, proto: HTTPProtocol, resp: UpstreamResponse, translation: Translation | None, peer: Scope | None
     ) -> None:
         """Hand the answer over untouched: whole when it has a small length and is not an event stream,
         chunk by chunk otherwise (a large whole answer too: held once, as it passes, never joined and then
@@ -329,17 +331,13 @@ WHOLE_LIMIT = 256 * 1024
 KEPT_LIMIT = 1 << 20
 # A whole answer that must be translated is read whole; one larger than this is refused (502), not held.
 TRANSLATE_LIMIT = 64 << 20
-# The RSGI scope of the request: its ``client`` and ``server`` ("host:port") name the client's connection.
-# Handed over as it is, and read only by a stream past one window: the two strings granian makes when read
-# are not made for every request.
-Peer = Any
 
 
 def _cut_error() -> StreamCut:
     return StreamCut("the backend's stream broke off before the answer was complete")
 
 
-async def _send_quietly(transport: Any, data: bytes) -> None:
+async def _send_quietly(transport: Transport, data: bytes) -> None:
     try:
         await transport.send_bytes(data)
     except ProtocolClosed:
@@ -352,7 +350,7 @@ class _Pace:
 
     __slots__ = ("check", "drain", "peer", "sent", "stall_timeout")
 
-    def __init__(self, peer: Peer | None, stall_timeout: float) -> None:
+    def __init__(self, peer: Scope | None, stall_timeout: float) -> None:
         self.peer = peer
         self.stall_timeout = stall_timeout
         self.sent = 0
@@ -370,7 +368,7 @@ class _Pace:
 
 
 async def _relay_translated(
-    transport: Any,
+    transport: Transport,
     resp: UpstreamResponse,
     translation: Translation,
     tap: ResponseTap | None,
@@ -428,7 +426,7 @@ class _Keepalive:
     """Sends ``ping`` when nothing went to the client for ``PING_EVERY`` seconds. One timer per stream,
     re-armed from the last send, never a task per chunk."""
 
-    def __init__(self, transport: Any, ping: bytes) -> None:
+    def __init__(self, transport: Transport, ping: bytes) -> None:
         self.transport = transport
         self.ping = ping
         self.last = time.monotonic()
@@ -469,6 +467,15 @@ class NoCredential(Exception):
     """Every credential of a pool is disabled, cooling or out of quota."""
 
 
+class Kept(NamedTuple):
+    """A failed try's answer, kept for the client in case every later try fails too."""
+
+    status: int
+    headers: list[tuple[str, str]]  # hop-by-hop ones out
+    body: bytes  # at most ``KEPT_LIMIT`` bytes
+    translation: Translation | None  # how it reaches the client in its protocol
+
+
 def _planned(targets: tuple[Target, ...], max_attempts: int) -> int:
     """How many tries the plan may make: a try per target, a try per credential of a pool."""
     return min(max_attempts, sum(len(t.backend.credentials) or 1 for t in targets))
@@ -500,10 +507,10 @@ class _Attempt:
     def __init__(
         self,
         fwd: Forwarder,
-        proto: Any,
+        proto: HTTPProtocol,
         out: Outgoing,
         count: int,
-        peer: Peer | None,
+        peer: Scope | None,
         trace: list[Any] | None = None,
         span: RequestSpan | None = None,
     ) -> None:
@@ -515,7 +522,7 @@ class _Attempt:
         self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
         self.tries = 0
-        self.kept: tuple[int, list[tuple[str, str]], bytes, Translation | None] | None = None
+        self.kept: Kept | None = None
         self.error: BaseException | None = None
         self.target: Target | None = None
         self.status = 0
@@ -619,7 +626,7 @@ class _Attempt:
                     data = b""
                 finally:
                     resp.release()
-                self.kept = (status, _response_headers(resp), data, up.translation)
+                self.kept = Kept(status, _response_headers(resp), data, up.translation)
                 if says_context_exceeded(data):
                     self.floor = target.context_window or 0
                     return False
@@ -653,7 +660,7 @@ class _Attempt:
         target fails too; the connection goes back either way."""
         try:
             body = await resp.read(KEPT_LIMIT)
-            self.kept = (resp.status, _response_headers(resp), body, translation)
+            self.kept = Kept(resp.status, _response_headers(resp), body, translation)
         except UpstreamError:
             pass
         finally:
@@ -665,7 +672,7 @@ class _Attempt:
     def credential_name(self) -> str | None:
         return self.credential.name if self.credential is not None and self.target is not None else None
 
-    def send_kept(self, proto: Any) -> int:
+    def send_kept(self, proto: HTTPProtocol) -> int:
         """The kept answer to the client, in its protocol; its status."""
         assert self.kept is not None
         status, hdrs, data, translation = self.kept
@@ -674,7 +681,7 @@ class _Attempt:
         proto.response_bytes(status, hdrs, data)
         return status
 
-    def give_up(self, proto: Any) -> Attempted:
+    def give_up(self, proto: HTTPProtocol) -> Attempted:
         """Every target failed: the last kept answer goes to the client (in its protocol), or the gateway
         speaks."""
         if self.kept is not None:

@@ -16,14 +16,15 @@ I/O: none of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from gateway.dataplane.rsgi import HTTPProtocol, Transport
 from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import TailBuffer, Usage, parse_usage
 from gateway.protocol.relayed import estimate_relayed_tokens
 
-__all__ = ["ResponseTap"]
+__all__ = ["ResponseTap", "TapTransport"]
 
 TAIL_BYTES = 4096
 
@@ -47,7 +48,7 @@ class ResponseTap:
 
     def __init__(
         self,
-        proto: Any,
+        proto: HTTPProtocol,
         extra_headers: list[tuple[str, str]],
         on_end: Callable[[ResponseTap, int], None] | None = None,
     ) -> None:
@@ -73,13 +74,13 @@ class ResponseTap:
         self.relayed = 0  # bytes of a streamed answer handed to the client
         self.cut: str | None = None  # "client" | "upstream" when a started answer ended short
 
-    def __call__(self) -> Any:
+    def __call__(self) -> Awaitable[bytes]:
         return self._proto()
 
-    def __aiter__(self) -> Any:
+    def __aiter__(self) -> AsyncIterator[bytes]:
         return self._proto.__aiter__()
 
-    def client_disconnect(self) -> Any:
+    def client_disconnect(self) -> Awaitable[None]:
         return self._proto.client_disconnect()
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
@@ -95,16 +96,16 @@ class ResponseTap:
             self.on_end = None
             on_end(self, self.status)
 
-    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> Any:
+    def response_stream(self, status: int, headers: list[tuple[str, str]]) -> TapTransport:
         self.started = time.perf_counter()
         self.status = status
-        transport = self._proto.response_stream(status, headers + self.extra_headers)
+        transport: Transport = self._proto.response_stream(status, headers + self.extra_headers)
         # Translated streams are tapped too: their usage is the meter's, but a cut one is estimated from
         # the tail like any other.
         self.tail = TailBuffer(TAIL_BYTES)
         if self.withhold_usage and self.meter is None:
             transport = WithheldUsage(transport)
-        return _TapTransport(transport, self.tail, self)
+        return TapTransport(transport, self.tail, self)
 
     def usage(self) -> Usage | None:
         """Usage from the last bytes of a successful answer, parsed once; None when absent or not 2xx."""
@@ -129,10 +130,13 @@ class ResponseTap:
         return prompt_estimate, estimate_relayed_tokens(tail.getvalue(), self.relayed)
 
 
-class _TapTransport:
+class TapTransport:
+    """The stream transport of a tapped answer: mirrors what goes out into the tail, counts it, and has
+    ``send_last`` for the piece that ends the answer."""
+
     __slots__ = ("_tail", "_tap", "_transport")
 
-    def __init__(self, transport: Any, tail: TailBuffer, tap: ResponseTap) -> None:
+    def __init__(self, transport: Transport, tail: TailBuffer, tap: ResponseTap) -> None:
         self._transport = transport
         self._tail = tail
         self._tap = tap

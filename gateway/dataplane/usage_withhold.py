@@ -6,8 +6,7 @@ not sent. I/O: the client's transport, nothing else.
 
 from __future__ import annotations
 
-from typing import Any
-
+from gateway.dataplane.rsgi import Transport
 from gateway.protocol.stream_usage import UsageWithholder
 
 __all__ = ["WithheldUsage"]
@@ -17,7 +16,7 @@ class WithheldUsage:
     # One object and one extra call per piece, only on streams the gateway injected include_usage into.
     __slots__ = ("_transport", "_withholder")
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Transport) -> None:
         self._transport = transport
         self._withholder = UsageWithholder()
 

@@ -75,7 +75,7 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
         log.warning("released %d concurrency places the previous proxy worker %d held", released, index + 1)
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
     limiter = Limiter(table, holdings, shared=settings.role == "proxy", headers=settings.rate_limit_headers)
-    accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage)
+    accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage, settings)
     stats = WorkerStats(shared.stats)
     load = BackendLoad(table, holdings, stats)
     clients = ClientLimiter(

@@ -20,7 +20,7 @@ Absent keys do not constrain. No I/O here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from gateway.routing.policies import Policy
 from gateway.routing.pools import Step
 from gateway.routing.prompt_classes import Classifier, prompt_text
 
-__all__ = ["ACTIONS", "CONDITIONS", "Caller", "Facts", "Rule"]
+__all__ = ["ACTIONS", "CONDITIONS", "Caller", "Facts", "HeaderLookup", "Rule"]
 
 ACTIONS = ("route", "refuse", "delegate")
 CONDITIONS = (
@@ -59,12 +59,19 @@ class Caller(Protocol):
     def roles(self) -> frozenset[str]: ...
 
 
+class HeaderLookup(Protocol):
+    """A request's headers as rules read them, names lowercase: granian's on the request path (the data
+    plane's ``rsgi.Headers``), a dict in the dry run."""
+
+    def get(self, key: str, /) -> str | None: ...
+
+
 @dataclass(slots=True)
 class Facts:
     """What rules may look at, gathered once per request."""
 
     principal: Caller
-    headers: Mapping[str, str]  # lowercase names -> value (granian's headers or a dict)
+    headers: HeaderLookup
     user: str | None
     prompt_tokens: int
     max_tokens: int | None

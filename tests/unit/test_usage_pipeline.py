@@ -31,7 +31,6 @@ from gateway.usage_record import (
     UsageRecord,
     access_line,
     decode_record,
-    encode_fields,
     encode_record,
     fit_record,
     fit_tag,
@@ -103,7 +102,6 @@ def test_record_round_trip() -> None:
     r = r._replace(rule="big-prompts", trace=trace, span=span)
     assert orjson.loads(encode_record(r))[0] == 6
     assert decode_record(encode_record(r)) == r
-    assert decode_record(encode_fields(*r)) == r
     assert decode_record(encode_record(r._replace(tag=None))).tag is None
     assert decode_record(encode_record(r._replace(cut=None))).cut is None
     row = r.row()
@@ -189,7 +187,7 @@ def test_finish_records_the_exchange_tag(tag: str | None) -> None:
         512,
         "c" * 128,
     )
-    assert ex is not None and ex.tag is None
+    assert isinstance(ex, Exchange) and ex.tag is None
     ex.tag = tag
     accounting.finish(ex, ResponseTap(None, []), 502, "b" * 200, 2)
     (data,) = ring.read(0)
@@ -230,7 +228,7 @@ def test_an_answer_cut_short_is_billed_for_what_was_relayed(
     ex = accounting.admit(
         KeyEntry("k1", principal, None), "chat", Route("chat", "chat", "frontend", ()), 40, 300, 512
     )
-    assert ex is not None
+    assert isinstance(ex, Exchange)
     tap = ResponseTap(_Stream(), [])
     transport = tap.response_stream(200, [])
     chunk = b'data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}\n\n'
@@ -268,11 +266,11 @@ def test_an_answer_cut_short_is_billed_for_what_was_relayed(
         b"not json",
         b"{}",
         b"[2]",
-        encode_fields(*rec(1))[:-2] + b"]",  # one field short
-        encode_fields(*rec(1)._replace(status=True)),  # a bool is not an int
-        encode_fields(*rec(1)._replace(model=None)),  # not nullable
-        encode_fields(*rec(1)._replace(request_id="")),
-        encode_fields(*rec(1)._replace(request_id="x" * 65)),
+        encode_record(rec(1))[:-2] + b"]",  # one field short
+        encode_record(rec(1)._replace(status=True)),  # a bool is not an int
+        encode_record(rec(1)._replace(model=None)),  # not nullable
+        encode_record(rec(1)._replace(request_id="")),
+        encode_record(rec(1)._replace(request_id="x" * 65)),
     ],
 )
 def test_decode_rejects_what_is_not_a_record(data: bytes) -> None:
@@ -505,7 +503,7 @@ def test_an_unreadable_record_is_dropped_alone(store: Store, ring: UsageRing, ta
 def test_a_wrongly_typed_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
     sink = UsageSink(store, ring, table, EPOCH)
     push(ring, 0, rec(1))
-    assert ring.push(0, encode_fields(*rec(2)._replace(status=True)))  # JSON, but not a record
+    assert ring.push(0, encode_record(rec(2)._replace(status=True)))  # JSON, but not a record
     assert ring.push(0, orjson.dumps([1, *rec(3)[:16]]))  # an older version, from a spool
     push(ring, 0, rec(4))
     assert sink.drain() == 4
@@ -607,7 +605,7 @@ def _tapped(
 ) -> tuple[Exchange, _Recorder, ResponseTap]:
     """An admitted request and its tap, settling as the request path's does: as the answer ends."""
     ex = accounting.admit(key, "m", Route("m", "m", "frontend", ()), 40, 8, 512)
-    assert ex is not None
+    assert isinstance(ex, Exchange)
     proto = _Recorder(spent)
     tap = ResponseTap(proto, ex.headers, partial(accounting.settle, ex))
     return ex, proto, tap
