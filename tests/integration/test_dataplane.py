@@ -152,7 +152,9 @@ def test_bad_requests_get_openai_envelopes(
 
 def test_expired_key_is_401(env: tuple[Gateway, MockEngine, dict[str, str]]) -> None:
     gw, _, _ = env
-    expires = time.time() + 2.0
+    # Far enough ahead that the command has started and checked it before it passes (a Python start can
+    # take seconds on a busy machine, and an expiry in the past is refused with exit status 2).
+    expires = time.time() + 8.0
     key = gw.cli("keys", "create", "--principal", "alice", "--expires", f"{expires:.3f}").stdout.strip()
     # On a busy machine the key may be published only after it expired: "expired" (not "Incorrect API
     # key") says both that the workers know the key and that they refuse it for its expiry.
@@ -163,7 +165,7 @@ def test_expired_key_is_401(env: tuple[Gateway, MockEngine, dict[str, str]]) -> 
         seen.append(r)
         return r.status_code == 401 and "expired" in r.json()["error"]["message"]
 
-    wait_until(refused_as_expired, what="the key refused as expired")
+    wait_until(refused_as_expired, timeout=30.0, what="the key refused as expired")
     assert time.time() >= expires
     assert all(r.status_code in (200, 401) for r in seen)
 
