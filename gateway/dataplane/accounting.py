@@ -6,7 +6,8 @@ can see its end (the tap calls it just before a whole answer or a stream's last 
 usage from the response's tail, settles the token reservation, gives concurrency back and adds the spend to
 the principal's budget, so that the client's next request already meets them. ``finish`` runs once the
 answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
-one usage record to the control worker. I/O: none (shared memory only).
+one usage record to the control worker, and, for a request a ``[[body_logs]]`` entry picked, its bodies
+(``body_log``). I/O: none (shared memory only).
 
 The request path sets ``Exchange.tag`` and ``Exchange.rule`` from the deciding routing rule, and the
 forwarder appends one entry per attempt to ``Exchange.trace`` (the route trace); the record carries them,
@@ -28,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.dataplane.body_log import BodyCapture, BodyLog
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
 from gateway.dataplane.tap import ResponseTap
@@ -60,15 +62,24 @@ class Exchange:
     rule: str | None = None  # the routing rule that decided, by name (``#N`` when it has none)
     trace: list[Any] | None = None  # the forwarder's attempts (``gateway.usage_record``); None: not traced
     span: list[Any] | None = None  # OpenTelemetry ids when sampled
+    capture: BodyCapture | None = None  # the bodies, when a [[body_logs]] entry picked this request
     # Set by ``settle``: (prompt, completion, cached, total, source, cost in nano-units, budget window key).
     settled: tuple[int, int, int, int, str, int, int | None] | None = None
 
 
 class Accounting:
-    def __init__(self, limiter: Limiter | None, budgets: BudgetGuard | None, usage: UsageLog | None) -> None:
+    def __init__(
+        self,
+        limiter: Limiter | None,
+        budgets: BudgetGuard | None,
+        usage: UsageLog | None,
+        bodies: BodyLog | None = None,
+    ) -> None:
         self.limiter = limiter
         self.budgets = budgets
         self.usage = usage
+        # This worker's body ring; None without usage records (bodies are filed under the record's id).
+        self.bodies = bodies if usage is not None else None
         self.max_record = usage.ring.max_record if usage is not None else 0
         # Requests between dispatch and their record, by request id: what the worker publishes as its
         # live requests (``live_doc``). One dict store and one pop per request.
@@ -215,3 +226,6 @@ class Accounting:
             if len(record) > self.max_record:
                 record = fit_record(record, self.max_record)
             self.usage.push(record)
+        capture = ex.capture
+        if capture is not None and self.bodies is not None:
+            self.bodies.push(capture.frame(ex.request_id, ex.key.principal.id, ex.key.id, ex.model, status))

@@ -23,6 +23,7 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import CLIENT_GONE, Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
+from gateway.dataplane.body_log import BodyCapture, CapturingTap
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
@@ -278,6 +279,10 @@ class ProxyApp:
                     f"usage records wait in shared memory since "
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}: {reason}"
                 )
+            body_log = self.accounting.bodies if self.accounting is not None else None
+            dropped = body_log.dropped() if body_log is not None else 0
+            if dropped:  # logged bodies the rings had no room for: still serving, nothing else lost
+                body["body_logs_dropped"] = dropped
             spool = self.host_document().get("usage_spool")
             if spool is not None:  # a proxy-role host: what waits on its disk for the control plane
                 body["usage_spool"] = spool
@@ -424,7 +429,17 @@ class ProxyApp:
         )
         if injected:
             out.body = inject_stream_usage(body)
-        tap = ResponseTap(proto, exchange.headers, partial(accounting.settle, exchange))
+        settle = partial(accounting.settle, exchange)
+        body_logs = snap.body_logs
+        if body_logs is None:  # no [[body_logs]] entry: the one test the request path makes for them
+            tap = ResponseTap(proto, exchange.headers, settle)
+        else:
+            picked = body_logs.pick(key.principal.id, key.id, info.model, route.name, route.canonical)
+            if picked is None or accounting.bodies is None:
+                tap = ResponseTap(proto, exchange.headers, settle)
+            else:
+                exchange.capture = BodyCapture(picked, body, out.dialect, path, info.stream)
+                tap = CapturingTap(proto, exchange.headers, settle, exchange.capture)
         tap.withhold_usage = injected
         status, backend, attempts = CLIENT_GONE, None, 0
         if exchange.request_id:
@@ -442,6 +457,10 @@ class ProxyApp:
             # The gateway's own answer carries the id too, so the refusal can be looked up.
             if exchange.request_id:
                 exc.headers["x-request-id"] = exchange.client_request_id or exchange.request_id
+            if exchange.capture is not None:
+                exchange.capture.gateway_answer(
+                    exc.anthropic_body() if path.startswith(_MESSAGES) else exc.openai_body()
+                )
             raise
         except RelayAborted:
             status = tap.status
