@@ -115,6 +115,8 @@ class Settings:
     )
     inject_stream_usage: bool = True  # ask engines for a stream's usage when the client did not
     usage_ring_slots: int = 4096  # records each proxy worker's ring holds (1 KiB each)
+    # 4 KiB slots of each proxy worker's body-log ring (a power of two; 2048: 8 MiB, touched only when used)
+    body_ring_slots: int = field(default_factory=lambda: _env_int("GATEWAY_BODY_RING_SLOTS", 2048))
     usage_drain_interval: float = 0.1  # how often the control worker moves records into the store
     budget_refresh_interval: float = 30.0  # how often budgets' base spend is re-read from the store
     log_level: str = "info"

@@ -8,7 +8,8 @@ What it offers:
 - ``AtomicWords``: 64-bit atomics on a shared buffer;
 - ``BucketTable``: lock-free GCRA rate buckets and concurrency gauges in a shared region;
 - ``UsageRing`` and ``ring_region_size``: single-producer/single-consumer rings of small records (usage
-  records) in a shared region, one ring per producing worker and one consumer for all rings.
+  records) in a shared region, one ring per producing worker and one consumer for all rings; ``SpanRing``,
+  the same rings carrying records longer than a slot (body logs).
 
 Like psycopg, the environment variable ``GATEWAY_PURE_PYTHON=1`` (read once, at import) selects the
 pure-Python usage parser and tail buffer, and the module then imports even where the extension is not
@@ -52,6 +53,7 @@ __all__ = [
     "NativeUnavailable",
     "Peek",
     "RegionError",
+    "SpanRing",
     "TailBuffer",
     "Usage",
     "UsageRing",
@@ -785,3 +787,84 @@ class UsageRing(_SharedBuffer):
                 raise ValueError(f"ring {ring!r} is not in [0, {self._rings})")
             raise ValueError(detail or "argument out of range")
         _raise(rc)
+
+
+class SpanRing(UsageRing):
+    """A ``UsageRing`` whose records may be longer than a slot (body logs): ``push`` copies one across as
+    many consecutive slots as it needs and publishes them at once, ``read_records`` joins them again.
+
+    A record the ring has no room for, or could never hold, is not pushed: ``push`` returns ``False`` and
+    the ring counts it in shared memory (``dropped``), where the count outlives the producing process. The
+    consumer advances by slots, not records: ``read_records`` says how many its records took. The inherited
+    ``read`` shows the slots' fragments as they lie."""
+
+    __slots__ = ("_dropped", "_span_buffer", "_span_out", "_span_slots")
+
+    def __init__(self, buf: WritableBuffer) -> None:
+        super().__init__(buf)
+        self._dropped: Any = _ffi.new("uint64_t[1]")
+        self._span_slots: Any = _ffi.new("uint64_t[1]")
+        self._span_out: Any = _ffi.NULL
+        self._span_buffer: Any = None
+
+    @property
+    def max_record(self) -> int:
+        """The longest record the ring could ever hold: every slot's payload."""
+        return self._slots * (self._slot_bytes - 8)
+
+    def push(self, ring: int, record: Bytes) -> bool:
+        """Producer of ``ring``: append a copy of ``record``; ``False`` (nothing written, one more counted
+        as dropped) when the ring has no room for it."""
+        try:
+            rc: int = _lib.gw_ring_push_span(self._base, self._size, ring, record, len(record))
+        except TypeError:  # cffi passes only bytes to `const char *` directly
+            with _ffi.from_buffer(record) as view:
+                rc = _lib.gw_ring_push_span(self._base, self._size, ring, view, len(view))
+        except OverflowError:
+            rc = _lib.GW_EINVAL
+        if rc == 1:
+            return True
+        if rc == 0:
+            return False
+        self._fail(rc, ring, "")
+
+    def read_records(self, ring: int, max_records: int = 64) -> tuple[list[bytes], int]:
+        """Consumer: copies of up to ``max_records`` pending records of ``ring``, oldest first, each joined
+        again, and the slots they took (what ``advance`` then consumes), without consuming them."""
+        if max_records <= 0:
+            if max_records < 0:
+                raise ValueError("max_records must be >= 0")
+            return [], 0
+        if self._span_buffer is None:
+            # Room for everything a ring can hold (every slot's payload and a length per record), so that
+            # a record never waits for a larger buffer and a read is never cut short by this one.
+            self._span_out = _ffi.new("char[]", self._slots * (self._slot_bytes - 4))
+            self._span_buffer = _ffi.buffer(self._span_out)
+        cap = len(self._span_buffer)
+        try:
+            n: int = _lib.gw_ring_read_spans(
+                self._base, self._size, ring, self._span_out, cap, max_records, self._span_slots
+            )
+        except OverflowError:
+            n = _lib.GW_EINVAL
+        if n < 0:
+            self._fail(n, ring, "")
+        buffer = self._span_buffer
+        records = []
+        end = 0
+        for _ in range(n):
+            (length,) = _unpack_length(buffer, end)
+            start = end + 4
+            end = start + length
+            records.append(buffer[start:end])
+        return records, int(self._span_slots[0])
+
+    def dropped(self, ring: int) -> int:
+        """Records the producers of ``ring`` could not push, ever (since the region was made)."""
+        try:
+            rc: int = _lib.gw_ring_dropped(self._base, self._size, ring, self._dropped)
+        except OverflowError:
+            rc = _lib.GW_EINVAL
+        if rc != _lib.GW_OK:
+            self._fail(rc, ring, "")
+        return int(self._dropped[0])

@@ -35,6 +35,8 @@ Document schema (``schema`` = 1)::
       "prompt_classes": [{"name": "code", "examples": ["fix this bug"], "keywords": ["stack trace"],
                           "min_score": 0.1}],   # optional, in declaration order
       "context_windows": {"llama-8b": 8192},  # optional: tokens per provider model (prompt + completion)
+      "body_logs": [{"name": "debug-alice", "id": "9f2c4e1a7b3d5f60", "principals": ["7"], ...}],
+                                         # optional: whose bodies are logged (gateway.body_rules)
       "skipped": 0                       # rows the build skipped as invalid (logged by the builder)
     }
 
@@ -63,6 +65,7 @@ from typing import Any
 
 import orjson
 
+from gateway.body_rules import BodyLogRules
 from gateway.budget import Budget, Price
 from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
@@ -170,6 +173,9 @@ class Snapshot:
     # The prompt classes' fast tier (gateway.routing.prompt_classes), built from the operator's examples
     # once per generation; consulted only by rules that name a class, and by the dry run.
     classifier: Classifier | None = None
+    # Whose request and response bodies are logged; None when no [[body_logs]] entry exists, and then the
+    # request path makes this one test and nothing more (gateway.body_rules).
+    body_logs: BodyLogRules | None = None
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -253,6 +259,7 @@ class Snapshot:
             classifier=Classifier(tuple(PromptClass.from_doc(c) for c in doc["prompt_classes"]))
             if doc.get("prompt_classes")
             else None,
+            body_logs=BodyLogRules.from_doc(doc.get("body_logs")),
         )
 
 

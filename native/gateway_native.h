@@ -6,8 +6,8 @@
  *     and a fixed-capacity tail buffer that keeps those last bytes;
  *   - buckets.c: 64-bit atomics on caller-provided (usually shared) memory, and a lock-free table of GCRA
  *     rate buckets and concurrency gauges living in such memory;
- *   - usage_ring.c: single-producer/single-consumer rings of small records (usage records) in such
- *     memory, one ring per producer process and one consumer for all of them;
+ *   - usage_ring.c: single-producer/single-consumer rings of records (usage records in one slot each, body
+ *     logs across several) in such memory, one ring per producer process and one consumer for all of them;
  *   - json_member.c: where a top-level member's string value sits in a JSON body (to rewrite the model
  *     name without touching any other byte).
  *
@@ -211,6 +211,21 @@ int gw_ring_advance(char *base, size_t size, uint64_t ring, uint64_t n);
 
 /* out[0] = head (records ever pushed), out[1] = tail (records ever consumed). */
 int gw_ring_counters(const char *base, size_t size, uint64_t ring, uint64_t *out);
+
+/* Producer: copy a record of any length across as many consecutive slots as it needs (slot_bytes - 8 bytes
+ * each, one slot for an empty record), published at once. Returns 1 when pushed; 0 when the ring has no
+ * room for it now, or could never hold it (longer than all its slots), and then counts it as dropped. */
+int gw_ring_push_span(char *base, size_t size, uint64_t ring, const char *data, size_t len);
+
+/* Consumer of a ring of gw_ring_push_span records: copy up to max_records pending records, each joined
+ * again, as gw_ring_read does; *slots_out = the slots they took, which is what gw_ring_advance consumes.
+ * Stops early at the first record that would not fit in out_cap bytes. Slots that do not read as one
+ * record (a scribbled region) come back as one zero-length record per slot. */
+int64_t gw_ring_read_spans(const char *base, size_t size, uint64_t ring, char *out, size_t out_cap,
+                           uint64_t max_records, uint64_t *slots_out);
+
+/* *out = the records the producer of `ring` dropped (gw_ring_push_span), ever. */
+int gw_ring_dropped(const char *base, size_t size, uint64_t ring, uint64_t *out);
 
 /* cffi:end */
 

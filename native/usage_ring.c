@@ -6,10 +6,12 @@
  * Region layout (words are host-order uint64, the region 8-aligned):
  *   header, 64 bytes: [0] magic, [1] rings, [2] slots per ring (a power of two), [3] slot bytes, [4..7] 0
  *   then per ring, at 64 + ring * (128 + slots * slot_bytes):
- *     control block, 128 bytes: head at +0 (its own cache line, written by the producer only),
- *                               tail at +64 (its own cache line, written by the consumer only)
+ *     control block, 128 bytes: head at +0 and dropped at +8 (the producer's cache line, written by
+ *                               the producer only), tail at +64 (its own cache line, the consumer's)
  *     slots * slot_bytes bytes of slots; a slot (slot_bytes a multiple of 64) is
- *       [uint32 length][uint32 reserved, 0][payload: length <= slot_bytes - 8 bytes]
+ *       [uint32 length][uint32 marker][payload: length <= slot_bytes - 8 bytes]
+ *     where the marker is 0 for a record pushed whole into one slot (gw_ring_push), and the slots left in
+ *     its record for a record spanning slots (gw_ring_push_span)
  *
  * head and tail are free-running counters (records ever pushed / ever consumed); a counter's slot is
  * counter & (slots - 1), and head - tail records are pending. The producer copies a record into slot head
@@ -18,6 +20,12 @@
  * consumer reads pending slots without consuming them and advances tail (release) once it is done with
  * them, so a consumer that dies in between re-reads the same records. Neither side ever waits for the
  * other: a full ring is reported to the producer, which decides what to do.
+ *
+ * A ring may also carry records longer than a slot (body logs): gw_ring_push_span copies one across
+ * consecutive slots, each slot's marker counting the slots left in its record (k, k - 1, ..., 1),
+ * and publishes them with one head store, so a record is seen whole or not at all; gw_ring_read_spans
+ * joins them again. A producer of spans counts the records it could not push (no room, or longer than the
+ * whole ring) in the word after its head, where they survive a respawn of the producer.
  *
  * The header is re-validated on every call, and lengths read back from slots are clamped, so a region
  * scribbled over can yield wrong records but never a read or write outside [base, base + size).
@@ -31,6 +39,7 @@
 #define HEADER_BYTES 64
 #define CONTROL_BYTES 128
 #define TAIL_OFFSET 64
+#define DROPPED_OFFSET 8 /* in the producer's cache line: only the producer writes it */
 #define SLOT_HEADER_BYTES 8
 #define MAX_RINGS 4096
 #define MIN_SLOTS 2
@@ -187,5 +196,103 @@ int gw_ring_counters(const char *base, size_t size, uint64_t ring, uint64_t *out
     uint64_t control = control_offset(&g, ring);
     out[0] = __atomic_load_n(word_at(base, control), __ATOMIC_ACQUIRE);
     out[1] = __atomic_load_n(word_at(base, control + TAIL_OFFSET), __ATOMIC_ACQUIRE);
+    return GW_OK;
+}
+
+/* ---- records spanning slots -------------------------------------------------------------------------- */
+
+int gw_ring_push_span(char *base, size_t size, uint64_t ring, const char *data, size_t len) {
+    geometry g;
+    if (!region_geometry(base, size, &g)) return GW_EREGION;
+    if (ring >= g.rings || (data == NULL && len != 0)) return GW_EINVAL;
+    uint64_t payload = g.slot_bytes - SLOT_HEADER_BYTES;
+    uint64_t need = len / payload + (len % payload != 0);
+    if (need == 0) need = 1; /* an empty record still takes a slot */
+    uint64_t control = control_offset(&g, ring);
+    uint64_t *head_word = word_at(base, control);
+    uint64_t *dropped_word = word_at(base, control + DROPPED_OFFSET);
+    uint64_t tail = __atomic_load_n(word_at(base, control + TAIL_OFFSET), __ATOMIC_ACQUIRE);
+    uint64_t head = __atomic_load_n(head_word, __ATOMIC_RELAXED);
+    uint64_t pending = head - tail;
+    if (need > g.slots || pending > g.slots || need > g.slots - pending) {
+        /* Relaxed: the count is this producer's alone; readers only report it. */
+        __atomic_store_n(dropped_word, __atomic_load_n(dropped_word, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+        return 0;
+    }
+    size_t done = 0;
+    for (uint64_t i = 0; i < need; i++) {
+        char *slot = base + slot_offset(&g, control, head + i);
+        size_t part = len - done < payload ? len - done : (size_t)payload;
+        uint32_t header[2] = {(uint32_t)part, (uint32_t)(need - i)};
+        memcpy(slot, header, sizeof header);
+        if (part != 0) memcpy(slot + SLOT_HEADER_BYTES, data + done, part);
+        done += part;
+    }
+    /* Release, once for the whole record: the consumer never sees part of it. */
+    __atomic_store_n(head_word, head + need, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* The slots of the record starting `from` slots past tail, and its length, when its slots read as one
+ * record (each marker one less than the one before, every fragment but the last full); 0 otherwise. */
+static uint64_t span_at(const char *base, const geometry *g, uint64_t control, uint64_t tail, uint64_t from,
+                        uint64_t available, uint64_t *len_out) {
+    uint64_t payload = g->slot_bytes - SLOT_HEADER_BYTES;
+    uint32_t header[2];
+    memcpy(header, base + slot_offset(g, control, tail + from), sizeof header);
+    uint64_t span = header[1] == 0 ? 1 : header[1]; /* 0: a slot pushed whole by gw_ring_push */
+    if (span > available) return 0;
+    uint64_t len = 0;
+    for (uint64_t j = 0; j < span; j++) {
+        memcpy(header, base + slot_offset(g, control, tail + from + j), sizeof header);
+        uint64_t marker = header[1] == 0 ? 1 : header[1];
+        if (marker != span - j || header[0] > payload || (j + 1 < span && header[0] != payload)) return 0;
+        len += header[0];
+    }
+    *len_out = len;
+    return span;
+}
+
+int64_t gw_ring_read_spans(const char *base, size_t size, uint64_t ring, char *out, size_t out_cap,
+                           uint64_t max_records, uint64_t *slots_out) {
+    geometry g;
+    if (!region_geometry(base, size, &g)) return GW_EREGION;
+    if (ring >= g.rings || (out == NULL && out_cap != 0) || slots_out == NULL) return GW_EINVAL;
+    uint64_t control = control_offset(&g, ring);
+    uint64_t head = __atomic_load_n(word_at(base, control), __ATOMIC_ACQUIRE);
+    uint64_t tail = __atomic_load_n(word_at(base, control + TAIL_OFFSET), __ATOMIC_RELAXED);
+    uint64_t pending = pending_of(&g, head, tail);
+    uint64_t slots = 0, records = 0;
+    size_t used = 0;
+    while (records < max_records && slots < pending) {
+        uint64_t len = 0;
+        uint64_t span = span_at(base, &g, control, tail, slots, pending - slots, &len);
+        if (span == 0) { /* scribbled over: one slot becomes an empty record, and reading resynchronises */
+            span = 1;
+            len = 0;
+        }
+        if (out_cap - used < sizeof(uint32_t) || out_cap - used - sizeof(uint32_t) < len) break;
+        uint32_t total = (uint32_t)len;
+        memcpy(out + used, &total, sizeof total);
+        used += sizeof total;
+        for (uint64_t j = 0; j < span && len != 0; j++) {
+            const char *slot = base + slot_offset(&g, control, tail + slots + j);
+            uint32_t part;
+            memcpy(&part, slot, sizeof part);
+            memcpy(out + used, slot + SLOT_HEADER_BYTES, part);
+            used += part;
+        }
+        slots += span;
+        records++;
+    }
+    *slots_out = slots;
+    return (int64_t)records;
+}
+
+int gw_ring_dropped(const char *base, size_t size, uint64_t ring, uint64_t *out) {
+    geometry g;
+    if (!region_geometry(base, size, &g)) return GW_EREGION;
+    if (ring >= g.rings || out == NULL) return GW_EINVAL;
+    *out = __atomic_load_n(word_at(base, control_offset(&g, ring) + DROPPED_OFFSET), __ATOMIC_RELAXED);
     return GW_OK;
 }

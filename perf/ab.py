@@ -14,6 +14,8 @@ configurations (one principal, the bench key, the nginx mock behind an alias):
     rpm         one requests-per-minute limit on the principal, no usage records
     concurrency one concurrency limit on the principal, no usage records
     budget      a budget only, no usage records
+    bodies      as full, and a [[body_logs]] entry that logs every request (redacting e-mails and cards)
+    bodies-unpicked  as full, and a [[body_logs]] entry for another principal: the cost of asking
 
 Each cell starts a fresh gateway, warms it for 2 s, and runs wrk; it prints req/s, p50 and the CPU µs per
 request of each of the gateway's processes (from /proc, as perf.bench does). The table at the end has
@@ -40,15 +42,32 @@ from perf.targets import (
     gateway_config,
 )
 
-# Per configuration: (what the principal gets, usage records on).
-CONFIGS: dict[str, tuple[str, bool]] = {
-    "bare": ("", False),
-    "full": (ACCOUNTED, True),
-    "no-usage": (ACCOUNTED, False),
-    "usage": ("", True),
-    "rpm": ("limits = { requests_per_minute = 1000000000 }", False),
-    "concurrency": ("limits = { concurrent_requests = 100000 }", False),
-    "budget": ('budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }', False),
+# Body logs (issue 21 item 4): every request of the bench principal logged, or only another principal's.
+BODIES_ALL = """
+[[body_logs]]
+name = "bench"
+principals = ["bench"]
+"""
+BODIES_OTHER = """
+[[principals]]
+name = "other"
+roles = ["bench"]
+
+[[body_logs]]
+name = "other"
+principals = ["other"]
+"""
+# Per configuration: (what the principal gets, usage records on, what the file gets besides).
+CONFIGS: dict[str, tuple[str, bool, str]] = {
+    "bare": ("", False, ""),
+    "full": (ACCOUNTED, True, ""),
+    "no-usage": (ACCOUNTED, False, ""),
+    "usage": ("", True, ""),
+    "rpm": ("limits = { requests_per_minute = 1000000000 }", False, ""),
+    "concurrency": ("limits = { concurrent_requests = 100000 }", False, ""),
+    "budget": ('budget = { period = "day", tokens = 1000000000000, cost = 1000000000.0 }', False, ""),
+    "bodies": (ACCOUNTED, True, BODIES_ALL),
+    "bodies-unpicked": (ACCOUNTED, True, BODIES_OTHER),
 }
 
 
@@ -73,10 +92,10 @@ class Variant:
 def config_text(upstream_url: str, name: str) -> tuple[str, bool]:
     """The gateway's TOML for configuration ``name`` (perf.targets' bare config, the principal's extras
     added), and whether usage records are on."""
-    extra, usage = CONFIGS[name]
+    extra, usage, appended = CONFIGS[name]
     text = gateway_config(upstream_url, accounted=False)
     marker = 'roles = ["bench"]\n'
-    return text.replace(marker, marker + extra + "\n", 1), usage
+    return text.replace(marker, marker + extra + "\n", 1) + appended, usage
 
 
 def run_cell(work: Path, upstream_url: str, variant: Variant, script: Path, args: argparse.Namespace) -> str:

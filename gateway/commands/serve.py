@@ -216,6 +216,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(env GATEWAY_OTEL_SAMPLE_RATIO; 1)",
     )
     p.add_argument(
+        "--body-ring-slots",
+        type=positive_int,
+        help="4 KiB slots of each proxy worker's ring for logged bodies, a power of two (2048: 8 MiB); "
+        "a body the ring has no room for is dropped and counted (env GATEWAY_BODY_RING_SLOTS)",
+    )
+    p.add_argument(
         "--recent-requests",
         type=int,
         help="finished requests the control worker keeps in memory for the admin API and UI (1000)",

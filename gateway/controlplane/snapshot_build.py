@@ -28,6 +28,7 @@ principal, like unreadable limits.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
@@ -35,6 +36,8 @@ import time
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
+
+import orjson
 
 from gateway.budget import check_period
 from gateway.controlplane.config.routing import rule_when_doc
@@ -155,6 +158,10 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     for entry in (*routes.values(), *patterns.values()):
         if entry["kind"] == "frontend" and entry["canonical"] in routing.context_failover:
             entry["context_failover"] = True
+    body_logs = _body_logs(state, routing, principals, skip)
+    if body_logs:
+        doc["body_logs"] = body_logs
+        doc["skipped"] = skip.count
     if routing.fallback is not None:
         if routing.fallback in routes:
             doc["fallback"] = routing.fallback
@@ -162,6 +169,41 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
             skip("routing fallback", f"unknown or unusable model {routing.fallback!r}")
             doc["skipped"] = skip.count
     return doc
+
+
+def _body_logs(
+    state: StoreState, routing: RoutingRows, principals: dict[str, dict[str, Any]], skip: _Skips
+) -> list[dict[str, Any]]:
+    """The ``[[body_logs]]`` entries as the document carries them (``gateway.body_rules``): principals and
+    keys by id. A selector name that names nothing (a principal or key since removed) selects nothing; an
+    entry left with an empty selector matches no request, never every request."""
+    ids_of_principal = {str(entry["name"]): pid for pid, entry in principals.items()}
+    ids_of_key: dict[str, list[str]] = {}
+    for key_id, name, *_rest in state.keys:
+        if name is not None:
+            ids_of_key.setdefault(str(name), []).append(str(key_id))
+    out: list[dict[str, Any]] = []
+    for spec in routing.body_logs:
+        entry = spec.as_dict()
+        # Names what the control worker redacts with: a worker's record carries it, so that a body is
+        # redacted by the entry that logged it even after the entry changed (see controlplane.bodies).
+        entry["id"] = hashlib.blake2b(orjson.dumps(entry), digest_size=8).hexdigest()
+        if spec.principals is not None:
+            entry["principals"] = []
+            for name in spec.principals:
+                if name in ids_of_principal:
+                    entry["principals"].append(ids_of_principal[name])
+                else:
+                    skip(f"body log {spec.name!r}", f"unknown principal {name!r} (it selects nothing)")
+        if spec.keys is not None:
+            entry["keys"] = []
+            for name in spec.keys:
+                if name in ids_of_key:
+                    entry["keys"] += ids_of_key[name]
+                else:
+                    skip(f"body log {spec.name!r}", f"unknown key {name!r} (it selects nothing)")
+        out.append(entry)
+    return out
 
 
 def _specific(pattern: str) -> tuple[int, str]:

@@ -19,7 +19,9 @@ restart loop): it publishes its last-known-good snapshot (``DATA_DIR/last-known-
 after every publish, sealed with the secrets key since it holds backend credentials), reports the store
 as down on ``/healthz`` and in the fleet view, and retries with backoff (0.5 s doubling to 10 s). Once
 the database answers it applies the config file the supervisor could not (``run/config-pending``) and
-publishes as usual. It also purges usage records past ``--usage-retention-days`` (``usage.retention``).
+publishes as usual. It also purges usage records past ``--usage-retention-days`` (``usage.retention``),
+and drains the proxy workers' body-log rings into the store, redacted, purging logged bodies past their
+entry's retention (``bodies``).
 I/O: the store (SQLite file or PostgreSQL), the config file on SIGHUP, the data directory, the shared
 segments.
 """
@@ -44,6 +46,10 @@ from granian.server.embed import Server
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.api.admin import AdminApi
 from gateway.controlplane.api.cluster import ClusterApp
+from gateway.controlplane.bodies.retention import BodyPurger
+from gateway.controlplane.bodies.rules import BodyRules
+from gateway.controlplane.bodies.sink import BodySink
+from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
 from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.fleet.engines import EngineScraper, host_load
@@ -56,7 +62,7 @@ from gateway.controlplane.usage.requests_view import FlightRecorder, live_reques
 from gateway.controlplane.usage.retention import Purger
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.errors import GatewayError
-from gateway.native import BucketTable, UsageRing
+from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
@@ -100,6 +106,9 @@ class ControlWorker:
         self.shared = shared
         self.publisher = SnapshotPublisher(shared.snapshot)
         self.sink: UsageSink | None = None
+        self.body_rules = BodyRules()  # the redaction of each [[body_logs]] entry this worker has built
+        self.bodies: BodySink | None = None
+        self.body_purger: BodyPurger | None = None
         self._stop = asyncio.Event()
         self._reload = asyncio.Event()
         self._changed = asyncio.Event()
@@ -142,6 +151,8 @@ class ControlWorker:
             refresh_interval=settings.budget_refresh_interval,
             recent=settings.recent_requests,
         )
+        if self.shared.bodies is not None:
+            self.bodies = BodySink(store, SpanRing(self.shared.bodies), self.body_rules)
         if settings.access_log:
             self.sink.access_log = _write_stdout
         export_task = None
@@ -181,8 +192,12 @@ class ControlWorker:
                     next_poll = time.monotonic() + settings.revision_poll_interval
                     await self._store_step(self.publish_current)
                 await self._store_step(self.account)
+                if self.bodies is not None:
+                    await self._store_step(self.store_bodies)
                 if self.purger is not None:
                     await self._store_step(self.purger.step)
+                if self.body_purger is not None:
+                    await self._store_step(self.body_purger.step)
                 await self._sleep(min(settings.usage_drain_interval, settings.revision_poll_interval))
             if os.getppid() != self._parent:
                 await self.drain_orphaned()
@@ -232,11 +247,14 @@ class ControlWorker:
         self.store = store
         if self.sink is not None:
             self.sink.store = store
+        if self.bodies is not None:
+            self.bodies.store = store
         self._store_reached(store)
 
     def _store_reached(self, store: Store) -> None:
         self.publisher.set_control_state(CONTROL_LOCAL, time.time())
         self.purger = Purger(store, self.settings.usage_retention_days, self.settings.usage_purge_interval)
+        self.body_purger = BodyPurger(store, self.settings.usage_purge_interval)
         pending = self.settings.run_dir / CONFIG_PENDING
         if pending.exists():
             self.reload_config()
@@ -263,6 +281,7 @@ class ControlWorker:
             return
         self._current = (revision, blob)
         self._doc = orjson.loads(blob)
+        self.body_rules.set_entries(self._doc.get("body_logs"))
         self._from_last_known_good = True
         log.info("serving the last-known-good snapshot (revision %d) until the store answers", revision)
 
@@ -340,6 +359,8 @@ class ControlWorker:
         text = self.sink.metrics.render(host) + "\n".join(self.sink.alerts.render()) + "\n"
         if self.sink.exporter is not None:
             text += "\n".join(self.sink.exporter.metrics_lines()) + "\n"
+        if self.bodies is not None:
+            text += "\n".join(self.bodies.metrics_lines()) + "\n"
         return text.encode()
 
     def routing_load(self) -> StaticLoad:
@@ -372,6 +393,18 @@ class ControlWorker:
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None
         self.sink.write(records)
+
+    def store_bodies_rows(self, rows: list[StoredBodies]) -> None:
+        """Redacted bodies a proxy-role host sent (``POST /cluster/bodies``). Runs on the store thread."""
+        assert self.bodies is not None
+        self.bodies.write(rows)
+
+    def store_bodies(self) -> None:
+        """Drain the body rings into the store: a few batches, so the loop stays responsive."""
+        assert self.bodies is not None
+        for _ in range(4):
+            if not self.bodies.drain():
+                break
 
     def account(self) -> None:
         """Drain the usage rings, then fold window rollovers and refreshes into the budgets."""
@@ -416,6 +449,12 @@ class ControlWorker:
     def final_drain(self) -> None:
         deadline = time.monotonic() + FINAL_DRAIN_SECONDS
         assert self.sink is not None
+        if self.bodies is not None:
+            try:  # bodies first: the usage drain may use the whole deadline, and bodies are what is lost
+                while self.bodies.drain() and time.monotonic() < deadline:
+                    pass
+            except StoreError as exc:
+                log.error("final body log drain failed: %s", exc)
         while time.monotonic() < deadline:
             try:
                 if not self.sink.drain():
@@ -508,6 +547,7 @@ class ControlWorker:
             return False
         self._current = (int(doc["revision"]), blob)
         self._doc = doc
+        self.body_rules.set_entries(doc.get("body_logs"))
         self._from_last_known_good = False
         self._write_last_known_good(blob)
         if self.sink is not None:

@@ -6,7 +6,8 @@ can see its end (the tap calls it just before a whole answer or a stream's last 
 usage from the response's tail, settles the token reservation, gives concurrency back and adds the spend to
 the principal's budget, so that the client's next request already meets them. ``finish`` runs once the
 answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
-one usage record to the control worker. I/O: none (shared memory only).
+one usage record to the control worker, and, for a request a ``[[body_logs]]`` entry picked, its bodies
+(``body_log``). I/O: none (shared memory only).
 
 The request path sees one interface whatever is on: ``admit`` gives an ``Exchange``, or ``UNMETERED``
 when nothing needs accounting for this request (no limit on its key, no budget, no usage records; an
@@ -35,6 +36,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from gateway.config import Settings
+from gateway.dataplane.body_log import BodyCapture, BodyLog, CapturingTap
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.forward import Attempted, RelayAborted
@@ -58,6 +60,7 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection befo
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_MESSAGES = "/v1/messages"
 
 
 class Settled(NamedTuple):
@@ -93,6 +96,7 @@ class Exchange:
     span: list[Any] | None = None  # OpenTelemetry ids when sampled, as the record carries them
     request_span: RequestSpan | None = None  # the same span, for the forwarder's attempts
     settled: Settled | None = None  # set by ``settle``
+    capture: BodyCapture | None = None  # the bodies, when a [[body_logs]] entry picked this request
 
     def open(
         self,
@@ -102,9 +106,11 @@ class Exchange:
         path: str,
         tag: str | None,
         rule: Rule | None,
+        capture: BodyCapture | None = None,
     ) -> ResponseTap:
         """Start the answer's accounting: what the record says of the routing decision, the trace and
-        span, the stream usage asked for; the tap the answer goes out through."""
+        span, the stream usage asked for, the bodies when a ``[[body_logs]]`` entry picked the request
+        (``capture``); the tap the answer goes out through."""
         accounting = self.accounting
         self.tag = tag
         if rule is not None:
@@ -131,7 +137,12 @@ class Exchange:
         )
         if injected:
             out.body = inject_stream_usage(out.body)
-        tap = ResponseTap(proto, self.headers, partial(accounting.settle, self))
+        settle = partial(accounting.settle, self)
+        if capture is None or accounting.bodies is None:
+            tap = ResponseTap(proto, self.headers, settle)
+        else:
+            self.capture = capture
+            tap = CapturingTap(proto, self.headers, settle, capture)
         tap.withhold_usage = injected
         if request_id:
             accounting.live[request_id] = self
@@ -154,6 +165,11 @@ class Exchange:
             # The gateway's own answer carries the id too, so the refusal can be looked up.
             if self.request_id:
                 failed.headers["x-request-id"] = self.client_request_id or self.request_id
+            capture = self.capture
+            if capture is not None:
+                capture.gateway_answer(
+                    failed.anthropic_body() if capture.path.startswith(_MESSAGES) else failed.openai_body()
+                )
         elif isinstance(failed, RelayAborted):
             status = tap.status
         self.accounting.finish(self, tap, status, backend, attempts)
@@ -176,6 +192,7 @@ class Unmetered:
         path: str,
         tag: str | None,
         rule: Rule | None,
+        capture: BodyCapture | None = None,
     ) -> HTTPProtocol:
         return proto
 
@@ -197,6 +214,7 @@ class Accounting:
         budgets: BudgetGuard | None,
         usage: UsageLog | None,
         settings: Settings | None = None,
+        bodies: BodyLog | None = None,
     ) -> None:
         self.limiter = limiter
         self.budgets = budgets
@@ -207,6 +225,8 @@ class Accounting:
         if settings is not None and settings.otel_endpoint:
             self.otel_ratio = settings.otel_sample_ratio
         self.stream_usage = settings is not None and settings.inject_stream_usage
+        # This worker's body ring; None without usage records (bodies are filed under the record's id).
+        self.bodies = bodies if usage is not None else None
         self.max_record = usage.ring.max_record if usage is not None else 0
         # Requests between dispatch and their record, by request id: what the worker publishes as its
         # live requests (``live_doc``). One dict store and one pop per request.
@@ -366,3 +386,6 @@ class Accounting:
             if len(record) > self.max_record:
                 record = fit_record(record, self.max_record)
             self.usage.push(record)
+        capture = ex.capture
+        if capture is not None and self.bodies is not None:
+            self.bodies.push(capture.frame(ex.request_id, ex.key.principal.id, ex.key.id, ex.model, status))

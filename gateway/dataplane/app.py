@@ -23,6 +23,7 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
+from gateway.dataplane.body_log import BodyCapture
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
@@ -273,6 +274,10 @@ class ProxyApp:
                     f"usage records wait in shared memory since "
                     f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(since))}: {reason}"
                 )
+            body_log = self.accounting.bodies
+            dropped = body_log.dropped() if body_log is not None else 0
+            if dropped:  # logged bodies the rings had no room for: still serving, nothing else lost
+                body["body_logs_dropped"] = dropped
             spool = self.host_document().get("usage_spool")
             if spool is not None:  # a proxy-role host: what waits on its disk for the control plane
                 body["usage_spool"] = spool
@@ -373,8 +378,14 @@ class ProxyApp:
             self.settings.default_completion_tokens,
             headers.get("x-request-id"),
         )
+        capture = None
+        body_logs = snap.body_logs
+        if body_logs is not None:  # no [[body_logs]] entry: the one test the request path makes for them
+            picked = body_logs.pick(key.principal.id, key.id, info.model, route.name, route.canonical)
+            if picked is not None:
+                capture = BodyCapture(picked, body, out.dialect, path, info.stream)
         # The tap, or (nothing to account for) the client's own protocol object: one path either way.
-        client = exchange.open(proto, headers, out, path, decision.tag, decision.rule)
+        client = exchange.open(proto, headers, out, path, decision.tag, decision.rule, capture)
         try:
             attempted = await self.run_guarded(
                 client, forwarder.forward(client, out, targets, scope, exchange.trace, exchange.request_span)

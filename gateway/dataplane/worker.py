@@ -30,11 +30,12 @@ from gateway.config import Settings
 from gateway.dataplane.accounting import Accounting
 from gateway.dataplane.app import ProxyApp
 from gateway.dataplane.backend_load import BackendLoad
+from gateway.dataplane.body_log import BodyLog
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies
 from gateway.dataplane.limits import Holdings, Limiter
 from gateway.dataplane.usage_log import UsageLog
-from gateway.native import AtomicWords, BucketTable, UsageRing
+from gateway.native import AtomicWords, BucketTable, SpanRing, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import HEARTBEAT_INTERVAL, WorkerStats
@@ -75,7 +76,8 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
         log.warning("released %d concurrency places the previous proxy worker %d held", released, index + 1)
     usage = UsageLog(UsageRing(shared.usage), index) if settings.usage_records else None
     limiter = Limiter(table, holdings, shared=settings.role == "proxy", headers=settings.rate_limit_headers)
-    accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage, settings)
+    bodies = BodyLog(SpanRing(shared.bodies), index) if shared.bodies is not None else None
+    accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage, settings, bodies)
     stats = WorkerStats(shared.stats)
     load = BackendLoad(table, holdings, stats)
     clients = ClientLimiter(

@@ -52,8 +52,8 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class SharedRegions:
-    """What the supervisor hands every forked worker: its three segments' buffers, and the epoch that
-    names this set of segments' lifetime (budget keys include it)."""
+    """What the supervisor hands every forked worker: its segments' buffers, and the epoch that names this
+    set of segments' lifetime (budget keys include it)."""
 
     snapshot: memoryview  # the published snapshot slots
     buckets: memoryview  # rate buckets, concurrency gauges and budget spend
@@ -64,3 +64,4 @@ class SharedRegions:
     # How many processes still map the usage rings: a control worker left behind by a dead supervisor
     # drains until the proxy workers, who write the rings, have all gone.
     usage_attached: Callable[[], int] | None = None
+    bodies: memoryview | None = None  # one body-log ring per proxy worker (see dataplane.body_log)

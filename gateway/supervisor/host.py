@@ -24,7 +24,7 @@ import orjson
 from gateway.config import Settings, load_hash_key
 from gateway.dataplane.limits import HOLD_WORDS
 from gateway.errors import ConfigError
-from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.native import BucketTable, SpanRing, UsageRing, region_size, ring_region_size
 from gateway.shm.segment import Segment, SharedRegions
 from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
 from gateway.shm.worker_stats import WorkerStats, sum_backends
@@ -38,6 +38,9 @@ __all__ = ["RING_SLOT_BYTES", "serve", "status_document"]
 log = logging.getLogger("gateway.supervisor")
 
 RING_SLOT_BYTES = 1024  # a usage record is a few hundred bytes; names are at most 200 characters
+# Body logs span slots: 4 KiB each keeps a short chat in one or two, and the memory a body ring maps is
+# only touched once bodies are logged.
+BODY_SLOT_BYTES = 4096
 
 
 class _JsonFormatter(logging.Formatter):
@@ -140,6 +143,9 @@ def _serve(settings: Settings) -> int:
     from gateway.controlplane.store import StoreError, is_postgres_url, open_store
     from gateway.errors import ConfigError
 
+    slots = settings.body_ring_slots
+    if slots < 2 or slots & (slots - 1) or slots > 1 << 20:
+        raise ConfigError(f"--body-ring-slots must be a power of two from 2 to {1 << 20}, not {slots}")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -174,9 +180,20 @@ def _serve(settings: Settings) -> int:
     # restart) or by another host is then never mistaken for this one's.
     holdings = Segment.create(workers * HOLD_WORDS * 8)
     stats = Segment.create(stats_region_bytes(workers))
+    # Made whether or not any [[body_logs]] entry exists yet: one may be applied while the host runs, and
+    # pages of the segment nobody writes take no memory.
+    body_rings = Segment.create(ring_region_size(workers, settings.body_ring_slots, BODY_SLOT_BYTES))
+    SpanRing.create_layout(body_rings.buf, workers, settings.body_ring_slots, BODY_SLOT_BYTES).close()
     epoch = secrets.token_hex(8)
     shared = SharedRegions(
-        segment.buf, buckets.buf, rings.buf, holdings.buf, stats.buf, epoch, usage_attached=rings.attached
+        segment.buf,
+        buckets.buf,
+        rings.buf,
+        holdings.buf,
+        stats.buf,
+        epoch,
+        usage_attached=rings.attached,
+        bodies=body_rings.buf,
     )
     specs = _worker_specs(settings, shared, hash_key)
     notifier = Notifier()
@@ -213,6 +230,7 @@ def _serve(settings: Settings) -> int:
         "bucket_segment": buckets.id,
         "usage_segment": rings.id,
         "stats_segment": stats.id,
+        "body_segment": body_rings.id,
         "epoch": epoch,
         "port": settings.port,
         "host": settings.host,
@@ -252,6 +270,7 @@ def _serve(settings: Settings) -> int:
         rings.close()
         holdings.close()
         stats.close()
+        body_rings.close()
 
 
 def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:

@@ -46,6 +46,18 @@ chain = ["pm-a"]
 name = "{XSS_PRINCIPAL}"
 roles = ["chatter"]
 budget = {{ period = "month", tokens = 1000000 }}
+
+[[roles]]
+name = "body-reader"
+permissions = ["usage:read", "bodies:read"]
+
+[[principals]]
+name = "auditor"
+roles = ["body-reader"]
+
+[[body_logs]]
+name = "odd-principal"
+principals = ["{XSS_PRINCIPAL}"]
 """
 )
 
@@ -99,7 +111,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         port = free_port()
         config = basic_config({"a": engine.url}, extra=EXTRA, price="{ input = 1.0, output = 2.0 }")
         gw = Gateway(tmp, config, workers=1, extra=("--admin-port", str(port)))
-        keys = {who: gw.create_key(who) for who in ("ops", "viewer", "finance", XSS_PRINCIPAL)}
+        keys = {who: gw.create_key(who) for who in ("ops", "viewer", "finance", "auditor", XSS_PRINCIPAL)}
         site = Site(gw, f"http://127.0.0.1:{port}", keys)
         finance = {"authorization": f"Bearer {keys['finance']}"}
         wait_until(
@@ -332,6 +344,52 @@ def test_the_requests_page_lists_finished_requests_and_shows_a_route_trace(
     page.click("#request-lookup button[type=submit]")
     expect(page.locator("#request-detail-box .error")).to_contain_text("no finished request")
     no_markup_ran(page)
+
+
+def test_the_request_page_shows_logged_bodies_redacted_and_as_text(
+    page: Any, site: Site, shot: Callable[[str], Path]
+) -> None:
+    content = "reach me at ana@example.net <img/src/onerror=window.__xss=4>"
+    r = httpx.post(
+        site.gw.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": content}], "max_tokens": 3},
+        headers={"authorization": f"Bearer {site.keys[XSS_PRINCIPAL]}", "x-request-id": "ui-bodies-1"},
+        timeout=10,
+    )
+    assert r.status_code == 200
+    sign_in(page, site, "auditor")
+    page.goto(site.admin + "/ui/#/requests")
+    row = page.locator("#recent-requests tbody tr", has_text="ui-bodies-1")
+    expect(row).to_have_count(1, timeout=15_000)
+    row.locator("a").click()
+    request = page.locator("#body-request pre")
+    expect(request).to_contain_text("reach me at [REDACTED:email] <img/src/onerror=window.__xss=4>")
+    assert "ana@example.net" not in page.locator("#bodies").inner_text()
+    expect(page.locator("#body-response pre")).to_contain_text('"content": "tok tok tok"')
+    expect(page.locator("#bodies")).to_contain_text("Logged by odd-principal · 1 redaction")
+    shot("request-bodies")
+    no_markup_ran(page)
+
+
+def test_without_bodies_read_the_request_page_says_who_may_see_bodies(page: Any, site: Site) -> None:
+    r = httpx.post(
+        site.gw.url + "/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+        headers={"authorization": f"Bearer {site.keys[XSS_PRINCIPAL]}", "x-request-id": "ui-bodies-2"},
+        timeout=10,
+    )
+    assert r.status_code == 200
+    finance = {"authorization": f"Bearer {site.keys['finance']}"}
+    wait_until(
+        lambda: httpx.get(site.admin + "/admin/requests/ui-bodies-2", headers=finance).status_code == 200,
+        what="the request recorded",
+    )
+    # usage:read alone shows the request and its trace, and says who may see its bodies.
+    sign_in(page, site, "finance")
+    page.goto(site.admin + "/ui/#/requests?id=ui-bodies-2")
+    expect(page.locator("#request-detail")).to_have_attribute("data-request", "ui-bodies-2")
+    expect(page.locator("#bodies")).to_have_text("Logged bodies are shown to keys holding bodies:read.")
+    expect(page.locator("#body-request")).to_have_count(0)
 
 
 def test_principals_are_edited_in_place(page: Any, site: Site) -> None:

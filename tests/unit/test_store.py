@@ -16,7 +16,11 @@ import orjson
 import psycopg
 import pytest
 
+from gateway.body_record import BodyRecord
 from gateway.config import Settings
+from gateway.controlplane.bodies.redaction import Redactor
+from gateway.controlplane.bodies.retention import purge as purge_bodies
+from gateway.controlplane.bodies.stored import StoredBodies, stored_bodies
 from gateway.controlplane.config.parser import parse_config
 from gateway.controlplane.config.specs import (
     BudgetSpec,
@@ -831,3 +835,30 @@ def test_prune_keeps_what_a_budget_window_counts(store: Store) -> None:
     assert store.usage.purged_before() == cutoff  # never moves back
     assert store.usage.prune(cutoff, 3) == 3 and store.usage.prune(cutoff, 3) == 1
     assert store.usage.prune(cutoff, 3) == 0
+
+
+def test_logged_bodies_are_stored_once_read_back_and_purged(store: Store) -> None:
+    def logged(request_id: str, ts: float, days: float) -> StoredBodies:
+        path, answer = "/v1/chat/completions", b'data: {"choices": []}\n\n'
+        rec = BodyRecord(request_id, ts, "p1", "k1", "chat", 200, "debug", "id", "openai", path, True, 2, 9,
+                         "backend", b"{}", answer)  # fmt: skip
+        return stored_bodies(rec, Redactor(), days)
+
+    now = 1_800_000_000.0
+    rows = [logged("b1", now - 86400 * 3, 1), logged("b2", now - 86400 * 3, 7), logged("b3", now, 1)]
+    store.bodies.insert(rows)
+    store.bodies.insert(rows[:1])  # a replayed batch stores nothing twice
+    assert store.bodies.count() == 3
+    got = store.bodies.get("b2")
+    assert got == rows[1] and got is not None and got.stream_events == 1 and got.response_kind == "json"
+    assert got.as_doc()["response"] == {
+        "kind": "json", "size": 9, "truncated": False, "body": {"object": "chat.completion", "choices": []},
+        "stream_events": 1,
+    }  # fmt: skip
+    assert store.bodies.get("absent") is None
+    assert store.bodies.prune(now, 10) == 1  # b1's day is over; b2 keeps 7 days
+    assert purge_bodies(store, "cli:root", now=now) == 0
+    assert purge_bodies(store, "cli:root", older_than_days=1, now=now) == 1  # b2, whatever its retention
+    assert [store.bodies.get(i) is not None for i in ("b1", "b2", "b3")] == [False, False, True]
+    entry = store.audit_log(1)[0]
+    assert (entry.action, orjson.loads(entry.after or "")["rows"]) == ("bodies.purge", 1)

@@ -29,6 +29,8 @@ GET /admin/budgets     spend against each budget               ``usage:read``
 GET /admin/requests    in flight per worker, and the last      ``usage:read``
                        finished ones with their route traces
 GET /admin/requests/ID  one request by its x-request-id        ``usage:read``
+                       (with its logged bodies, redacted, for  (``bodies:read``)
+                       a caller that also holds bodies:read)
 GET /admin/audit       the audit log, newest first             ``config:read``
 GET /admin/fleet       hosts, workers, backends (reports)      ``config:read``
 GET /admin/openapi.json  this API as OpenAPI 3.1               (none)
@@ -150,7 +152,8 @@ ROUTES: tuple[Route, ...] = (
         "/admin/requests/{id}",
         Access.USAGE_READ,
         reports.request_one,
-        "One finished request by the x-request-id its client got: usage, rule and route trace",
+        "One finished request by the x-request-id its client got: usage, rule and route trace (and its "
+        "logged bodies for a caller holding bodies:read)",
     ),
     Route(
         "GET",

@@ -54,6 +54,7 @@ class Access(enum.Enum):
     KEY_CREATE = "key:create"
     KEY_REVOKE = "key:revoke"
     USAGE_READ = "usage:read"
+    BODIES_READ = "bodies:read"  # logged request and response bodies, beside what usage:read shows
 
     @property
     def permission(self) -> str | None:

@@ -6,6 +6,9 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
 - ``POST /cluster/usage``: a JSON array of usage records (each the array a proxy worker encoded); written
   idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
   the whole batch with 400, so the sender keeps it rather than losing it quietly.
+- ``POST /cluster/bodies``: a JSON array of logged bodies, already redacted by the proxy host that logged
+  them (each a ``bodies.stored.StoredBodies`` row); written idempotently by request id, answered
+  ``{"accepted": n}``. A row that does not read fails the batch with 400.
 - ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view;
   answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
@@ -39,6 +42,7 @@ import orjson
 from gateway.controlplane import ui
 from gateway.controlplane.api.admin import AdminApi
 from gateway.controlplane.api.request_body import read_body
+from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.store import StoreError
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
@@ -67,6 +71,8 @@ class SnapshotSource(Protocol):
     def current_snapshot(self) -> tuple[int, bytes] | None: ...
 
     def store_usage(self, records: list[UsageRecord]) -> None: ...
+
+    def store_bodies_rows(self, rows: list[StoredBodies]) -> None: ...
 
     def record_report(self, report: dict[str, Any]) -> dict[str, Any]: ...
 
@@ -126,6 +132,8 @@ class ClusterApp:
             return self.snapshot(scope.headers.get("if-none-match"))
         if path == "/cluster/usage" and method == "POST":
             return await self.usage(await read_body(proto, scope.headers, MAX_USAGE_BODY))
+        if path == "/cluster/bodies" and method == "POST":
+            return await self.bodies(await read_body(proto, scope.headers, MAX_USAGE_BODY))
         if path == "/cluster/report" and method == "POST":
             try:
                 report = orjson.loads(await read_body(proto, scope.headers, MAX_REPORT_BODY))
@@ -202,6 +210,24 @@ class ClusterApp:
             log.error("usage batch of %d records not stored: %s", len(records), exc)
             raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
         return 200, _JSON, orjson.dumps({"accepted": len(records)})
+
+    async def bodies(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+        try:
+            values = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"bodies batch is not JSON: {exc}") from None
+        if not isinstance(values, list):
+            raise BadRequest("a bodies batch is a JSON array of rows")
+        try:
+            rows = [StoredBodies.from_wire(v) for v in values]
+        except ValueError as exc:
+            raise BadRequest(f"bodies batch holds an unreadable row: {exc}") from None
+        try:
+            await _on(self.source.store_calls, self.source.store_bodies_rows, rows)
+        except StoreError as exc:
+            log.error("bodies batch of %d rows not stored: %s", len(rows), exc)
+            raise ServiceUnavailable("the store is unavailable") from None
+        return 200, _JSON, orjson.dumps({"accepted": len(rows)})
 
 
 async def _on(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:

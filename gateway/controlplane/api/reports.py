@@ -1,6 +1,7 @@
 """The admin API's reports on what the gateway did and is doing: usage (``?by=``, ``?bucket=``, as JSON or
 CSV), spend against budgets, requests in flight and the last finished ones (the flight recorder, then the
-store), and the fleet's hosts. I/O: the store and the control worker's memory, through the context.
+store; a request's logged bodies for a caller holding ``bodies:read``), and the fleet's hosts. I/O: the
+store and the control worker's memory, through the context.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import io
 import time
 from typing import Any
 
-from gateway.controlplane.api.calls import Call, Reply, ok, one
+from gateway.controlplane.api.calls import Access, Call, Reply, ok, one
 from gateway.controlplane.store import StoreError
 from gateway.controlplane.usage.requests_view import request_doc
 from gateway.controlplane.usage.spend import budget_report, usage_groups
@@ -102,6 +103,12 @@ def request_one(call: Call) -> Reply:
     names = ctx.principal_names()
     doc = request_doc(found[0], names)
     doc["same_id"] = [r.request_id for r in found[1:]]  # a client that reused its x-request-id
+    if call.who.holds(Access.BODIES_READ.value):  # bodies are sensitive: a permission of their own
+        try:
+            stored = ctx.store.bodies.get(found[0].request_id)
+        except StoreError as exc:
+            raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+        doc["bodies"] = stored.as_doc() if stored is not None else None
     return ok(doc)
 
 

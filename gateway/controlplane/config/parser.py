@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from gateway.budget import check_period
 from gateway.controlplane.config.backends import flatten_credentials, parse_backend
+from gateway.controlplane.config.body_logs import parse_body_log
 from gateway.controlplane.config.fields import read_name, read_names
 from gateway.controlplane.config.problems import Problems
 from gateway.controlplane.config.routing import (
@@ -32,6 +33,7 @@ from gateway.controlplane.config.routing import (
 from gateway.controlplane.config.specs import (
     LIMIT_FIELDS,
     BackendSpec,
+    BodyLogSpec,
     BudgetSpec,
     ConfigDoc,
     KeySpec,
@@ -97,6 +99,7 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
     keys = _section(p, data, "keys", _key)
     pools = _section(p, data, "pools", parse_pool)
     classes = _section(p, data, "prompt_classes", parse_prompt_class)
+    body_logs = _section(p, data, "body_logs", parse_body_log)
     fallback = _routing_table(p, data.get("routing", {}))
     doc = ConfigDoc(
         backends=tuple(b for _, b in backends),
@@ -108,8 +111,10 @@ def parse_config(data: dict[str, Any], source: str, text: str | None = None) -> 
         pools=tuple(pl for _, pl in pools),
         fallback=fallback,
         prompt_classes=tuple(c for _, c in classes),
+        body_logs=tuple(b for _, b in body_logs),
     )
     _check_references(p, backends, provider_models, models, roles, principals, keys)
+    _check_body_logs(p, body_logs)
     check_routing(
         p, pools, [(pl, m.name, m.rules) for pl, m in models if m.rules], fallback, p.declared, classes
     )
@@ -133,6 +138,7 @@ _SECTIONS = (
     "pools",
     "routing",
     "prompt_classes",
+    "body_logs",
 )
 T = TypeVar("T")
 
@@ -445,3 +451,25 @@ def _check_references(
         for i, model in enumerate(k.models or ()):
             if model not in callable_names:
                 p.add(f"{pl}.models[{i}]", f"unknown model name {model!r}")
+
+
+def _check_body_logs(p: Problems, entries: list[tuple[str, BodyLogSpec]]) -> None:
+    """Names unique; the principals and models an entry selects declared in the document (keys are
+    resolved when the snapshot is built: the CLI makes keys no file declares)."""
+    seen: dict[str, str] = {}
+    principal_names = p.declared.get("principals", set())
+    callable_names = (
+        p.declared.get("provider_models", set())
+        | p.declared.get("models", set())
+        | p.declared.get("aliases", set())
+    )
+    for place, spec in entries:
+        if spec.name in seen:
+            p.add(f"{place}.name", f"duplicate body log {spec.name!r} (first at {seen[spec.name]})")
+        seen.setdefault(spec.name, place)
+        for i, principal in enumerate(spec.principals or ()):
+            if principal not in principal_names:
+                p.add(f"{place}.principals[{i}]", f"unknown principal {principal!r}")
+        for i, model in enumerate(spec.models or ()):
+            if model not in callable_names:
+                p.add(f"{place}.models[{i}]", f"unknown model name {model!r}")

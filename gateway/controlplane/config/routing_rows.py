@@ -1,6 +1,7 @@
 """The routing entries of a configuration in the store's form: one ``(kind, name, JSON body)`` row per
 entry of the ``routing_entries`` table (pools, rules, prompt classes, backends' flow-control and pool
-credential fields, keys' networks and models, context windows, budget alert thresholds, the fallback),
+credential fields, keys' networks and models, context windows, budget alert thresholds, body logs, the
+fallback),
 and those rows back to specs, each re-validated by the file parser's own checks. No I/O.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from gateway.controlplane.config.body_logs import parse_body_log
 from gateway.controlplane.config.problems import Problems
 from gateway.controlplane.config.routing import (
     parse_count,
@@ -23,6 +25,7 @@ from gateway.controlplane.config.routing import (
 from gateway.controlplane.config.specs import (
     BACKEND_FLOW_FIELDS,
     CREDENTIAL_ROW_FIELDS,
+    BodyLogSpec,
     ConfigDoc,
     PoolSpec,
     PromptClassSpec,
@@ -56,6 +59,8 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
             rows.append(("alerts", pr.name, orjson.dumps(list(pr.budget.alerts)).decode()))
     for order, spec in enumerate(cfg.prompt_classes):
         rows.append(("class", spec.name, orjson.dumps({"order": order, **spec.as_dict()}).decode()))
+    for order, entry in enumerate(cfg.body_logs):
+        rows.append(("body_log", entry.name, orjson.dumps({"order": order, **entry.as_dict()}).decode()))
     for k in cfg.keys:
         if k.allow_ips or k.models is not None:
             rule: dict[str, Any] = {}
@@ -81,6 +86,7 @@ class RoutingRows:
     context_failover: frozenset[str] = frozenset()  # frontend models that allow it
     classes: tuple[PromptClassSpec, ...] = ()  # in declaration order
     alerts: dict[str, tuple[float, ...]] = field(default_factory=dict)  # principal name -> thresholds
+    body_logs: tuple[BodyLogSpec, ...] = ()  # in declaration order
 
 
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
@@ -95,6 +101,7 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     failover: set[str] = set()
     classes: list[tuple[int, PromptClassSpec]] = []
     alerts: dict[str, tuple[float, ...]] = {}
+    body_logs: list[tuple[int, BodyLogSpec]] = []
     for kind, name, body in rows:
         p = Problems()
         try:
@@ -126,6 +133,11 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
             spec = parse_prompt_class(p, name, value)
             if spec is not None and not p.lines:
                 classes.append((order if isinstance(order, int) else 0, spec))
+        elif kind == "body_log" and isinstance(value, dict):
+            order = value.pop("order", 0)
+            entry = parse_body_log(p, name, value)
+            if entry is not None and not p.lines:
+                body_logs.append((order if isinstance(order, int) else 0, entry))
         elif kind == "context":
             if parse_count(p, name, value, minimum=1) is not None:
                 windows[name] = value
@@ -159,4 +171,5 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
         frozenset(failover),
         tuple(spec for _, spec in sorted(classes, key=lambda c: c[0])),
         alerts,
+        tuple(entry for _, entry in sorted(body_logs, key=lambda b: b[0])),
     )

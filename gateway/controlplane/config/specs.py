@@ -20,6 +20,7 @@ __all__ = [
     "LIMIT_FIELDS",
     "PROTOCOLS",
     "BackendSpec",
+    "BodyLogSpec",
     "BudgetSpec",
     "ConfigDoc",
     "KeySpec",
@@ -189,6 +190,7 @@ class ConfigDoc:
     pools: tuple[PoolSpec, ...] = ()
     fallback: str | None = None  # [routing] fallback: the model tried when every target is down
     prompt_classes: tuple[PromptClassSpec, ...] = ()  # for rules' prompt_class conditions
+    body_logs: tuple[BodyLogSpec, ...] = ()  # which requests' bodies are logged, first match deciding
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,4 +260,37 @@ class RuleSpec:
             out["tag"] = self.tag
         if self.policy is not None:
             out["policy"] = self.policy
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class BodyLogSpec:
+    """A ``[[body_logs]]`` entry: which requests have their bodies logged, how many, how much of each,
+    what is redacted before they are stored and for how long they are kept (``config.body_logs``)."""
+
+    name: str
+    principals: tuple[str, ...] | None = None  # None: every principal
+    keys: tuple[str, ...] | None = None  # key names; None: every key
+    models: tuple[str, ...] | None = None  # names a client calls; None: every model
+    sample: float = 1.0
+    max_bytes: int = 65536
+    redact_paths: tuple[str, ...] = ()
+    # Built-in pattern names ("email", "card") and (name, regex) pairs of the operator's own.
+    redact_patterns: tuple[str | tuple[str, str], ...] = ("email", "card")
+    retention_days: float = 7.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        for field_name in ("principals", "keys", "models"):
+            value = getattr(self, field_name)
+            if value is not None:
+                out[field_name] = list(value)
+        out["sample"] = self.sample
+        out["max_bytes"] = self.max_bytes
+        if self.redact_paths:
+            out["redact_paths"] = list(self.redact_paths)
+        out["redact_patterns"] = [
+            p if isinstance(p, str) else {"name": p[0], "regex": p[1]} for p in self.redact_patterns
+        ]
+        out["retention_days"] = self.retention_days
         return out

@@ -157,6 +157,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         lines += ["", "[routing]", f"fallback = {_toml_str(doc.fallback)}"]
     for spec in doc.prompt_classes:
         lines += ["", "[[prompt_classes]]"] + [f"{k} = {toml_value(v)}" for k, v in spec.as_dict().items()]
+    for entry in doc.body_logs:
+        lines += ["", "[[body_logs]]"] + [f"{k} = {toml_value(v)}" for k, v in entry.as_dict().items()]
     for r in doc.roles:
         lines += [
             "",

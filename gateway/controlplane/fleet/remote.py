@@ -18,6 +18,10 @@ cluster token:
   so that a host that dies or stops during an outage has its records on disk. The spool is sent again,
   oldest first, as the backoff allows. The control plane writes records idempotently by request id, so a
   batch sent twice (a crash between sending and moving a tail) is stored once.
+- **Bodies.** Every tick it empties the body-log rings too, redacting each body here by the entry that
+  logged it (``bodies``), so no unredacted body leaves the host, and sends them to ``POST
+  /cluster/bodies``. Bodies are not spooled: while the control plane does not answer they are dropped
+  and counted (``body_logs.unsent`` in the host's report), never queued.
 - **Reports and shares.** Every ``--report-interval`` it sends the host's health report with the traffic
   of each rate-limit scope and the shares it holds, and writes the shares the control plane answers with
   into the host slot for the proxy workers (and ``DATA_DIR/shares.json``, restored at start); without an
@@ -41,11 +45,14 @@ import httpx
 import orjson
 
 from gateway.config import Settings
+from gateway.controlplane.bodies.rules import BodyRules
+from gateway.controlplane.bodies.sink import read_bodies
+from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.fleet.engines import EngineScraper
 from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
 from gateway.controlplane.fleet.spool import UsageSpool
 from gateway.dataplane.tls import make_ssl_context
-from gateway.native import BucketTable, UsageRing
+from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.shm.segment import SharedRegions
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
@@ -65,6 +72,7 @@ BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 BATCH_PER_RING = 2048
 FINAL_DRAIN_SECONDS = 10.0
+BODIES_PER_POST = 8 << 20  # bytes of logged bodies a POST /cluster/bodies carries at most (about)
 
 
 def run_remote_control_worker(settings: Settings, shared: SharedRegions) -> int:
@@ -86,6 +94,9 @@ class RemoteControlWorker:
         self.shared = shared
         self.publisher = SnapshotPublisher(shared.snapshot)
         self.ring = UsageRing(shared.usage)
+        self.body_ring = SpanRing(shared.bodies) if shared.bodies is not None else None
+        self.body_rules = BodyRules()
+        self.bodies_unsent = 0  # redacted bodies the control plane did not take: dropped
         self.client = httpx.Client(
             base_url=settings.control_url.rstrip("/"),
             headers={"authorization": f"Bearer {token}"},
@@ -133,10 +144,12 @@ class RemoteControlWorker:
                 if now >= self._sync_at:
                     self.sync_snapshot()
                 self.ship_usage()
+                self.ship_bodies()
                 time.sleep(self.settings.usage_drain_interval)
             if os.getppid() != self._parent:
                 self.ship_until_proxies_stop()
             self.final_ship()
+            self.ship_bodies()  # what the proxies logged last, once, if the control plane takes it
         finally:
             if scraper is not None:
                 scraper.stop()
@@ -158,6 +171,7 @@ class RemoteControlWorker:
         except (ValueError, KeyError, TypeError, PublishRefused) as exc:
             log.error("ignoring %s: %s", self.last_known_good, exc)
             return
+        self.body_rules.set_entries(orjson.loads(blob).get("body_logs"))
         self.etag = f'"{revision}"'
         log.info("serving the last known snapshot (revision %d) until the control plane answers", revision)
 
@@ -186,6 +200,7 @@ class RemoteControlWorker:
             self._sync_ok()
             return
         self.etag = resp.headers.get("etag", f'"{revision}"')
+        self.body_rules.set_entries(orjson.loads(blob).get("body_logs"))
         self._write_last_known_good(blob)
         log.info("published snapshot revision %d from the control plane", revision)
         self._sync_ok()
@@ -240,7 +255,10 @@ class RemoteControlWorker:
             "usage_spool": self.spool.state().as_dict(),
         }
         try:
-            body = orjson.dumps(host_report(self.settings, self.shared, extra))
+            doc = host_report(self.settings, self.shared, extra)
+            if "body_logs" in doc:
+                doc["body_logs"]["unsent"] = self.bodies_unsent
+            body = orjson.dumps(doc)
             resp = self.client.post(
                 "/cluster/report", content=body, headers={"content-type": "application/json"}
             )
@@ -398,6 +416,41 @@ class RemoteControlWorker:
             return
         raise _Unanswered(f"HTTP {resp.status_code}: {resp.text[:200]}")
 
+    # -- bodies ------------------------------------------------------------------------------------------
+    def ship_bodies(self) -> None:
+        """Empty the body rings, redacting here, and send what they held; while the control plane is in
+        backoff (or when it does not take them) the bodies are dropped and counted, never kept."""
+        if self.body_ring is None:
+            return
+        for _ in range(4):  # bounded, as the usage drain is
+            rows, taken = read_bodies(self.body_ring, self.body_rules)
+            if not taken:
+                return
+            for batch in _batches(rows, BODIES_PER_POST):
+                if time.monotonic() >= self._ship_at and self._post_bodies(batch):
+                    continue
+                self._bodies_lost(len(batch))
+            for index, slots in taken:
+                self.body_ring.advance(index, slots)
+
+    def _post_bodies(self, rows: list[StoredBodies]) -> bool:
+        try:
+            resp = self.client.post(
+                "/cluster/bodies",
+                content=orjson.dumps([r.row() for r in rows]),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    def _bodies_lost(self, n: int) -> None:
+        self.bodies_unsent += n
+        if self.bodies_unsent == n or self.bodies_unsent % 1000 < n:
+            log.warning(
+                "control plane did not take %d logged bodies: %d dropped so far", n, self.bodies_unsent
+            )
+
     def ship_until_proxies_stop(self) -> None:
         """The supervisor died and every worker got SIGTERM at once (their parent-death signal): the
         proxies are still finishing requests and writing their records. Ship (or spool) until none of
@@ -427,6 +480,21 @@ class RemoteControlWorker:
         left = sum(self.ring.pending(i) for i in range(self.ring.rings))
         if left:
             log.error("stopping with %d usage records in the rings: the spool is full", left)
+
+
+def _batches(rows: list[StoredBodies], limit: int) -> list[list[StoredBodies]]:
+    """``rows`` in consecutive batches of at most ``limit`` bytes of bodies (one row at least each), so
+    that no POST nears the cluster API's body limit."""
+    out: list[list[StoredBodies]] = []
+    size = limit
+    for row in rows:
+        weight = len(row.request_body or "") + len(row.response_body or "") + 512
+        if size + weight > limit:
+            out.append([])
+            size = 0
+        out[-1].append(row)
+        size += weight
+    return out
 
 
 def pending_spool(data_dir: Path) -> int:

@@ -2,10 +2,11 @@
 
 A host's report (``host_report``) gathers, without touching the request path: its role and listen
 address, the supervisor's state file (workers, pids, restarts), each proxy worker's statistics slot
-(requests in flight, backends' answers and failures, the snapshot revision it serves), and how much usage
-is waiting to leave the host. Proxy-role hosts send theirs every ``--report-interval`` seconds (10) to
-``POST /cluster/report``; a control plane keeps the reports it received for ``TTL`` seconds and answers
-``GET /admin/fleet`` with them plus its own host's. Reports live in the memory of the control plane that
+(requests in flight, backends' answers and failures, the snapshot revision it serves), how much usage
+is waiting to leave the host, and how many logged bodies its rings had no room for. Proxy-role hosts
+send theirs every ``--report-interval`` seconds (10) to ``POST /cluster/report``; a control plane keeps
+the reports it received for ``TTL`` seconds and answers ``GET /admin/fleet`` with them plus its own
+host's. Reports live in the memory of the control plane that
 received them. A host is named by its id (``host_id``): ``--host-id``, or one generated at its first
 start and kept in ``DATA_DIR/host-id``, so that two hosts on one machine (or containers sharing the host's
 network) are two fleet entries, each counted for rate-limit shares.
@@ -27,7 +28,7 @@ import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.fleet.shares import Grant, ShareLedger, compute_shares
-from gateway.native import BucketTable, UsageRing
+from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.segment import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
@@ -90,6 +91,13 @@ def host_report(
         pending = sum(ring.pending(i) for i in range(ring.rings))
     finally:
         ring.close()
+    body_logs = {}
+    if shared.bodies is not None:
+        with SpanRing(shared.bodies) as bodies:
+            body_logs["body_logs"] = {
+                "dropped": sum(bodies.dropped(i) for i in range(bodies.rings)),
+                "pending_slots": sum(bodies.pending(i) for i in range(bodies.rings)),
+            }
     return {
         "host": host_id(settings),
         "hostname": socket.gethostname(),
@@ -109,6 +117,7 @@ def host_report(
         "backends": backends,
         "credentials": sum_credentials([doc for _, doc in documents]),
         "usage_pending": pending + sum(w.get("usage_backlog", 0) for w in workers),
+        **body_logs,
         **(extra or {}),
     }
 

@@ -206,6 +206,7 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
         pools=routing.pools,
         fallback=routing.fallback,
         prompt_classes=routing.classes,
+        body_logs=routing.body_logs,
     )
 
 

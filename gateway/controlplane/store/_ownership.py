@@ -1,7 +1,7 @@
 """One owner for each configuration entry, and what an apply changes. Sans-I/O.
 
 Every entry of the configuration (a backend, provider model, frontend model, pool, role, principal,
-file-managed key, and the routing fallback) has exactly one owner:
+file-managed key, prompt class, body log, and the routing fallback) has exactly one owner:
 
 - ``file:<absolute path>``: a config file declared it (``gateway serve --config``, its SIGHUP reloads,
   ``gateway apply FILE``). Applying that file again sets the entries it declares and removes those it
@@ -28,7 +28,17 @@ __all__ = ["KINDS", "STORE_OWNER", "OwnershipConflict", "describe_owner", "diff"
 
 STORE_OWNER = "store"
 # The sections of ConfigDoc with named entries, plus "routing" for the fallback (one entry, "fallback").
-KINDS = ("backends", "provider_models", "models", "pools", "roles", "principals", "keys", "prompt_classes")
+KINDS = (
+    "backends",
+    "provider_models",
+    "models",
+    "pools",
+    "roles",
+    "principals",
+    "keys",
+    "prompt_classes",
+    "body_logs",
+)
 Owners = Mapping[tuple[str, str], str]
 
 

@@ -8,8 +8,9 @@ consistent with the revision read alongside them. ``Store`` opens the transactio
 modules beside it, by concept, each working inside the transaction it is handed: ``_apply`` (declarative
 apply), ``_keys`` (keys and principals), ``_credentials`` (backend credentials), ``_sessions`` (admin
 sessions), ``_audit``, ``_revision``, ``_document`` (the configuration read back), ``_usage`` (usage
-records, reached as ``Store.usage``). All of it goes through the small ``Driver`` interface; nothing
-knows which database it talks to. I/O: the database, through the driver.
+records, reached as ``Store.usage``), ``_bodies`` (logged bodies, ``Store.bodies``). All of it goes
+through the small ``Driver`` interface; nothing knows which database it talks to. I/O: the database,
+through the driver.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gateway.controlplane.config.specs import ConfigDoc, LimitsSpec
 from gateway.controlplane.credentials import Vault
 from gateway.controlplane.store._apply import apply_prepared, prepare
 from gateway.controlplane.store._audit import AuditEntry, read_audit, write_audit
+from gateway.controlplane.store._bodies import BodyStore
 from gateway.controlplane.store._columns import MANAGED_BY_CLI, to_json
 from gateway.controlplane.store._credentials import (
     BackendCredential,
@@ -55,6 +57,7 @@ class Store:
         self._driver = driver
         self.vault = vault  # None: backend credentials can be neither written nor read
         self.usage = UsageStore(driver)
+        self.bodies = BodyStore(driver)
 
     def __enter__(self) -> Store:
         return self

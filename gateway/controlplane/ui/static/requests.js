@@ -1,6 +1,7 @@
 // Requests: the ones in flight on every worker, the last finished ones (the control worker's flight
 // recorder), and one request's route trace: each attempt's backend, outcome, times and why the next was
-// tried. Looked up by the x-request-id the client got; refreshed every few seconds.
+// tried, and its logged bodies (redacted, for a key holding bodies:read). Looked up by the x-request-id the
+// client got; refreshed every few seconds.
 
 import { DASH, badge, clear, field, fmtNum, fmtTime, h, section, table } from "./dom.js";
 
@@ -19,7 +20,37 @@ function outcome(a) {
   return a.status !== null ? statusBadge(a.status) : badge(a.error, "bad");
 }
 
-/** One request: its answer, usage, rule, and the route trace as a table. */
+/** One logged body: what it is, whether it was cut, and its text (JSON indented). */
+function bodyView(title, body, id) {
+  const notes = [body.kind, `${fmtNum(body.size)} bytes`];
+  if (body.truncated) notes.push("truncated at the entry's max_bytes");
+  if (body.stream_events !== undefined) notes.push(`rebuilt from ${body.stream_events} stream events`);
+  const text = body.body === null ? null : typeof body.body === "string" ? body.body : JSON.stringify(body.body, null, 2);
+  return h(
+    "div",
+    { class: "logged-body", id },
+    h("h4", {}, `${title} · ${notes.join(" · ")}`),
+    text === null ? h("p", { class: "muted" }, body.kind === "withheld"
+      ? "Not stored: it could not be parsed, so its JSON paths could not be redacted."
+      : "No body kept.") : h("pre", {}, text),
+  );
+}
+
+/** The bodies member of a request: absent without bodies:read, null when none were logged. */
+function bodiesView(doc) {
+  if (!("bodies" in doc)) return h("p", { class: "muted", id: "bodies" }, "Logged bodies are shown to keys holding bodies:read.");
+  const b = doc.bodies;
+  if (b === null) return h("p", { class: "muted", id: "bodies" }, "No bodies were logged for this request.");
+  return h(
+    "div",
+    { id: "bodies" },
+    h("p", { class: "muted" }, `Logged by ${b.rule} · ${b.redactions} redaction${b.redactions === 1 ? "" : "s"} · kept until ${fmtTime(b.expires_at)}`),
+    bodyView("Request", b.request, "body-request"),
+    bodyView("Response", b.response, "body-response"),
+  );
+}
+
+/** One request: its answer, usage, rule, the route trace as a table, and its bodies when logged. */
 export function traceView(doc) {
   const facts = [
     ["Request", doc.client_request_id ? `${doc.request_id} (client id ${doc.client_request_id})` : doc.request_id],
@@ -51,6 +82,8 @@ export function traceView(doc) {
       "No route trace recorded for this request.",
       { id: "route-trace" },
     ),
+    h("h3", {}, "Bodies"),
+    bodiesView(doc),
   );
 }
 
