@@ -45,7 +45,6 @@ from gateway.config import Settings, load_hash_key
 from gateway.controlplane.api.admin import AdminApi
 from gateway.controlplane.api.cluster import ClusterApp
 from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
-from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.fleet.engines import EngineScraper, host_load
 from gateway.controlplane.fleet.reports import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
@@ -55,7 +54,7 @@ from gateway.controlplane.usage.otel import OtelExporter
 from gateway.controlplane.usage.requests_view import FlightRecorder, live_requests
 from gateway.controlplane.usage.retention import Purger
 from gateway.controlplane.usage.sink import UsageSink
-from gateway.errors import GatewayError
+from gateway.errors import CredentialError, GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
 from gateway.shm.segment import SharedRegions

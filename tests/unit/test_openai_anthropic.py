@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.mockengine import anthropic as mock
 from gateway.mockengine.responses import Reply, StreamReply
-from gateway.protocol.anthropic import BadUpstreamResponse, parse_messages_request
+from gateway.protocol.anthropic import parse_messages_request
 from gateway.protocol.openai_anthropic import (
     StreamToOpenAI,
     error_to_openai,

@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.mockengine import gemini as mock
 from gateway.mockengine.responses import Reply, StreamReply
-from gateway.protocol.anthropic import BadUpstreamResponse
 from gateway.protocol.openai_gemini import (
     StreamToOpenAI,
     error_to_openai,

@@ -29,7 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from gateway.controlplane.store._driver import Param, Transaction
-from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.errors import StoreConflict, StoreError
 
 __all__ = ["PostgresDriver", "redact_url"]
 
