@@ -47,12 +47,12 @@ __all__ = [
     "AtomicWords",
     "BucketTable",
     "BucketTableFull",
-    "Decision",
     "NativeError",
     "NativeUnavailable",
     "Peek",
     "RegionError",
     "TailBuffer",
+    "TakeOutcome",
     "Usage",
     "UsageRing",
     "bucket_key",
@@ -332,7 +332,7 @@ class AtomicWords(_SharedBuffer):
         return bool(_lib.gw_cas_u64(self._base, offset, expected, desired))
 
 
-class Decision(NamedTuple):
+class TakeOutcome(NamedTuple):
     """The outcome of ``take``. ``retry_after_s`` is 0 when admitted and ``inf`` when ``n > burst``."""
 
     admitted: bool
@@ -401,7 +401,7 @@ class BucketTable(_SharedBuffer):
             _raise(capacity)
         return capacity
 
-    def take(self, key: int, rate_per_second: float, burst: int, n: int = 1) -> Decision:
+    def take(self, key: int, rate_per_second: float, burst: int, n: int = 1) -> TakeOutcome:
         """Admit ``n`` units if they fit within ``burst`` at ``rate_per_second``; otherwise say when."""
         out = self._out
         try:
@@ -409,10 +409,10 @@ class BucketTable(_SharedBuffer):
         except OverflowError as exc:
             raise ValueError(str(exc)) from exc
         if rc == 1:
-            return _tuple_new(Decision, (True, 0.0, out[1]))
+            return _tuple_new(TakeOutcome, (True, 0.0, out[1]))
         return self._refusal(rc, out)
 
-    def take_at(self, key: int, rate_per_second: float, burst: int, n: int, now_ns: int) -> Decision:
+    def take_at(self, key: int, rate_per_second: float, burst: int, n: int, now_ns: int) -> TakeOutcome:
         """``take`` at an explicit time on CLOCK_MONOTONIC."""
         out = self._out
         try:
@@ -420,15 +420,15 @@ class BucketTable(_SharedBuffer):
         except OverflowError as exc:
             raise ValueError(str(exc)) from exc
         if rc == 1:
-            return _tuple_new(Decision, (True, 0.0, out[1]))
+            return _tuple_new(TakeOutcome, (True, 0.0, out[1]))
         return self._refusal(rc, out)
 
     @staticmethod
-    def _refusal(rc: int, out: Any) -> Decision:
+    def _refusal(rc: int, out: Any) -> TakeOutcome:
         if rc == 0:
-            return _tuple_new(Decision, (False, out[0] / 1e9, out[1]))
+            return _tuple_new(TakeOutcome, (False, out[0] / 1e9, out[1]))
         if rc == 2:
-            return _tuple_new(Decision, (False, math.inf, out[1]))
+            return _tuple_new(TakeOutcome, (False, math.inf, out[1]))
         _raise(rc)
 
     def settle(self, key: int, rate_per_second: float, delta_units: int) -> None:
