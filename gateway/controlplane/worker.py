@@ -57,7 +57,7 @@ from gateway.controlplane.usage.sink import UsageSink
 from gateway.errors import CredentialError, GatewayError
 from gateway.native import BucketTable, UsageRing
 from gateway.routing.load import StaticLoad
-from gateway.shm.segment import SharedRegions
+from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
@@ -402,8 +402,6 @@ class ControlWorker:
         rings), or for their grace period and the final drain's: stopping at the first empty ring, as a
         supervised stop may, would lose the records written after it, with the rings' segment."""
         attached = self.shared.usage_attached
-        if attached is None:
-            return
         log.warning("the supervisor is gone: draining usage records until the proxy workers have stopped")
         deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
         while attached() > 1 and time.monotonic() < deadline:

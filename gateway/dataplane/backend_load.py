@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.dataplane.limits import Holdings
 from gateway.errors import GateFull
 from gateway.native import BucketTable
 from gateway.routing.load import EngineState, engine_states
 from gateway.shm.bucket_keys import backend_keys
+from gateway.shm.holdings import Holdings
 from gateway.shm.worker_stats import WorkerStats
 
 if TYPE_CHECKING:

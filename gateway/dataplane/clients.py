@@ -25,10 +25,10 @@ import math
 import zlib
 from typing import Any
 
-from gateway.dataplane.limits import Holdings
 from gateway.errors import RateLimited
 from gateway.native import LIMIT_CONCURRENCY, LIMIT_REQUESTS, AdmissionPlan, AtomicWords, BucketTable
 from gateway.shm.bucket_keys import bucket_key
+from gateway.shm.holdings import Holdings
 
 __all__ = ["ClientLimiter", "ClientTicket", "TrustedProxies", "peer_address"]
 
