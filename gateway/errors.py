@@ -1,5 +1,7 @@
 """The one error hierarchy. Every error the gateway itself produces knows its HTTP status, its code, and
-how to render itself in the OpenAI and Anthropic envelopes. No I/O here."""
+how to render itself in the OpenAI and Anthropic envelopes; every subclass of ``GatewayError`` lives here,
+whichever part of the gateway raises it, so that the statuses and codes a client can meet are read in
+one place. No I/O here."""
 
 from __future__ import annotations
 
@@ -8,17 +10,25 @@ import orjson
 __all__ = [
     "AddressNotAllowed",
     "BadRequest",
+    "BadUpstreamResponse",
     "BudgetExceeded",
     "ConfigError",
+    "ContextTooLong",
+    "CredentialError",
     "Forbidden",
+    "GateFull",
     "GatewayError",
+    "GatewayTimeout",
     "MethodNotAllowed",
     "NotFound",
+    "OwnershipConflict",
     "PayloadTooLarge",
     "RateLimited",
     "RequestTimeout",
     "RoutingRefused",
     "ServiceUnavailable",
+    "StoreConflict",
+    "StoreError",
     "StreamCut",
     "Unauthorized",
     "UpstreamUnavailable",
@@ -73,6 +83,12 @@ class BadRequest(GatewayError):
     code = "invalid_request"
     openai_type = "invalid_request_error"
     anthropic_type = "invalid_request_error"
+
+
+class ContextTooLong(BadRequest):
+    """The prompt (estimated from the body) and the completion asked for fit no target's context window."""
+
+    code = "context_length_exceeded"
 
 
 class Unauthorized(GatewayError):
@@ -148,11 +164,35 @@ class UpstreamUnavailable(GatewayError):
     anthropic_type = "api_error"
 
 
+class BadUpstreamResponse(GatewayError):
+    """A backend answered 2xx with a body that is not what its protocol promises."""
+
+    status = 502
+    code = "bad_upstream_response"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
 class ServiceUnavailable(GatewayError):
     status = 503
     code = "service_unavailable"
     openai_type = "server_error"
     anthropic_type = "overloaded_error"
+
+
+class GateFull(ServiceUnavailable):
+    """A backend's flow-control gate is full and its wait queue too (or the wait ran out)."""
+
+    code = "backend_saturated"
+
+
+class GatewayTimeout(GatewayError):
+    """No target of the model answered within the request's deadline."""
+
+    status = 504
+    code = "upstream_timeout"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
 
 
 class RoutingRefused(GatewayError):
@@ -197,3 +237,25 @@ class ConfigError(GatewayError):
 
     status = 400
     code = "invalid_config"
+
+
+class CredentialError(ConfigError):
+    """A sealed credential that no key at hand opens, or a secrets key that cannot be used."""
+
+
+class StoreError(GatewayError):
+    """The database failed (locked past the busy timeout, disk full, corrupt file, ...)."""
+
+    status = 500
+    code = "store_error"
+
+
+class StoreConflict(ConfigError, StoreError):
+    """A write broke a uniqueness or reference rule: a caller's mistake, not a broken database."""
+
+
+class OwnershipConflict(StoreConflict):
+    """A write through the API or UI that would change or remove an entry a config file owns."""
+
+    status = 409
+    code = "owned_by_file"

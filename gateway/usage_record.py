@@ -4,9 +4,9 @@ The contract between the planes in the other direction from the snapshot: a work
 a few hundred bytes (an orjson array, version first) and pushes it into its shared-memory ring; the
 control worker decodes it and writes it to the store, idempotently by ``request_id``. Pure; no I/O.
 
-A record must fit one ring slot (``RING_SLOT_BYTES`` less the slot's 8-byte header: 1016 bytes). Its
-other fields are bounded (names at most 200 characters, the client's request id at most 128), but a
-routing rule's tag may have up to 500 characters and a route trace one entry per target tried, so
+A record must fit one ring slot (``gateway.shm.regions.RING_SLOT_BYTES`` less the slot's 8-byte header:
+1016 bytes). Its other fields are bounded (names at most 200 characters, the client's request id at most
+128), but a routing rule's tag may have up to 500 characters and a route trace one entry per target tried, so
 ``fit_record`` first leaves out the middle attempts of a long trace (the first and the last stay, and the
 count of those left out), then cuts the tag; a record is never refused for its trace or its tag.
 

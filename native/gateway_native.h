@@ -71,7 +71,7 @@ size_t gw_tail_start(const gw_tail *tail);
 /* ---- buckets.c: plain atomics ----------------------------------------------------------------- */
 
 /* Sequentially consistent operations on the 8-byte word at base + off. The caller guarantees that off is
- * a multiple of 8 inside the buffer and that base is 8-aligned (gateway/native.py checks both). */
+ * a multiple of 8 inside the buffer and that base is 8-aligned (gateway/native/_shared.py checks both). */
 uint64_t gw_load_u64(const char *base, size_t off);
 void gw_store_u64(char *base, size_t off, uint64_t value);
 int64_t gw_fetch_add_i64(char *base, size_t off, int64_t delta); /* returns the previous value */

@@ -28,8 +28,8 @@ from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.snapshot import Snapshot
-from gateway.supervisor.host import RING_SLOT_BYTES
 from gateway.usage_record import UsageRecord, encode_record
 
 CONFIG = {

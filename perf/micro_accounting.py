@@ -14,10 +14,11 @@ import orjson
 
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
-from gateway.dataplane.limits import HOLD_WORDS, Holdings, Limiter
+from gateway.dataplane.limits import Limiter
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, UsageRing, region_size, ring_region_size
+from gateway.shm.holdings import HOLD_WORDS, Holdings
 from gateway.snapshot import Snapshot
 
 N = 50_000

@@ -158,13 +158,13 @@ def cases() -> list[tuple[str, Callable[[], object], int]]:
         return t.finish()
 
     def stream_from_anthropic() -> object:
-        t = openai_anthropic.StreamToOpenAI("chat", include_usage=True)
+        t = openai_anthropic.AnthropicStreamToOpenAI("chat", include_usage=True)
         for chunk in anthropic_stream:
             t.feed(chunk)
         return t.finish()
 
     def stream_from_gemini() -> object:
-        t = openai_gemini.StreamToOpenAI("chat", include_usage=True)
+        t = openai_gemini.GeminiStreamToOpenAI("chat", include_usage=True)
         for chunk in gemini_stream:
             t.feed(chunk)
         return t.finish()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.native import TailBuffer, UsageRing, model_span_c, parse_usage_c, ring_region_size
-from gateway.supervisor.host import RING_SLOT_BYTES
+from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.usage_record import encode_record
 from perf.control_bench import records
 from perf.micro_accounting import ANSWER, request_loop

@@ -28,14 +28,13 @@ from pathlib import Path
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gateway.errors import ConfigError
+from gateway.errors import CredentialError
 from gateway.keys import hash_secret
 
 __all__ = [
     "KEY_FILE",
     "NEW_KEY_FILE",
     "SECRETS_KEY_ENV",
-    "CredentialError",
     "Vault",
     "key_id",
     "load_vault",
@@ -46,10 +45,6 @@ SECRETS_KEY_ENV = "GATEWAY_SECRETS_KEY"
 KEY_FILE = "secrets.key"
 NEW_KEY_FILE = "secrets.key.new"  # a rotation in progress: written before the store re-encrypts
 _PREFIX = "v1"
-
-
-class CredentialError(ConfigError):
-    """A sealed credential that no key at hand opens, or a secrets key that cannot be used."""
 
 
 def key_id(key: bytes) -> str:

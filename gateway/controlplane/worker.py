@@ -51,7 +51,6 @@ from gateway.controlplane.bodies.rules import BodyRules
 from gateway.controlplane.bodies.sink import BodySink
 from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.config.apply import CONFIG_PENDING, apply_file
-from gateway.controlplane.credentials import CredentialError
 from gateway.controlplane.fleet.engines import EngineScraper, host_load
 from gateway.controlplane.fleet.reports import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
@@ -61,10 +60,10 @@ from gateway.controlplane.usage.otel import OtelExporter
 from gateway.controlplane.usage.requests_view import FlightRecorder, live_requests
 from gateway.controlplane.usage.retention import Purger
 from gateway.controlplane.usage.sink import UsageSink
-from gateway.errors import GatewayError
+from gateway.errors import CredentialError, GatewayError
 from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.routing.load import StaticLoad
-from gateway.shm.segment import SharedRegions
+from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import CONTROL_LOCAL, CONTROL_STORE_DOWN, PublishRefused, SnapshotPublisher
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
@@ -436,8 +435,6 @@ class ControlWorker:
         rings), or for their grace period and the final drain's: stopping at the first empty ring, as a
         supervised stop may, would lose the records written after it, with the rings' segment."""
         attached = self.shared.usage_attached
-        if attached is None:
-            return
         log.warning("the supervisor is gone: draining usage records until the proxy workers have stopped")
         deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
         while attached() > 1 and time.monotonic() < deadline:

@@ -21,24 +21,20 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.dataplane.limits import Holdings
-from gateway.errors import ServiceUnavailable
+from gateway.errors import GateFull
 from gateway.native import BucketTable
 from gateway.routing.load import EngineState, engine_states
 from gateway.shm.bucket_keys import backend_keys
+from gateway.shm.holdings import Holdings
 from gateway.shm.worker_stats import WorkerStats
 
 if TYPE_CHECKING:
     from gateway.snapshot import Backend, Target
 
-__all__ = ["NO_CEILING", "POLL", "BackendLoad", "GateFull", "Place"]
+__all__ = ["NO_CEILING", "POLL", "BackendLoad", "Place"]
 
 NO_CEILING = 1 << 40  # a gauge without a gate still counts, under a limit nothing reaches
 POLL = 0.02
-
-
-class GateFull(ServiceUnavailable):
-    code = "backend_saturated"
 
 
 class Place:

@@ -24,11 +24,11 @@ import ipaddress
 import math
 import zlib
 
-from gateway.dataplane.limits import Holdings
 from gateway.dataplane.rsgi import Scope
 from gateway.errors import RateLimited
 from gateway.native import LIMIT_CONCURRENCY, LIMIT_REQUESTS, AdmissionPlan, AtomicWords, BucketTable
 from gateway.shm.bucket_keys import bucket_key
+from gateway.shm.holdings import Holdings
 
 __all__ = ["ClientLimiter", "ClientTicket", "TrustedProxies", "peer_address"]
 

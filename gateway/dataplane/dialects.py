@@ -273,7 +273,7 @@ class Outgoing:
         )
         translation = _Translated(
             lambda b: _same(openai_anthropic.response_to_openai(b, model)),
-            lambda: openai_anthropic.StreamToOpenAI(model, include_usage=include_usage),
+            lambda: openai_anthropic.AnthropicStreamToOpenAI(model, include_usage=include_usage),
             openai_anthropic.error_to_openai,
         )
         return Upstream("/v1/messages", self._anthropic_auth(target, [_JSON]), body, translation)
@@ -284,7 +284,7 @@ class Outgoing:
         suffix, body = openai_gemini.request_to_gemini(self.body)
         translation = _Translated(
             lambda b: _same(openai_gemini.response_to_openai(b, model)),
-            lambda: openai_gemini.StreamToOpenAI(model, include_usage=include_usage),
+            lambda: openai_gemini.GeminiStreamToOpenAI(model, include_usage=include_usage),
             openai_gemini.error_to_openai,
         )
         return Upstream(self._gemini_path(target, suffix), self._gemini_auth(target), body, translation)
@@ -312,7 +312,7 @@ class Outgoing:
         translation = _Translated(
             lambda b: _via_openai(openai_gemini.response_to_openai(b, req.model), req.model),
             lambda: _Chained(
-                openai_gemini.StreamToOpenAI(req.model, include_usage=True),
+                openai_gemini.GeminiStreamToOpenAI(req.model, include_usage=True),
                 anthropic_openai.StreamToAnthropic(req.model, input_tokens_estimate=estimate),
             ),
             lambda status, b: anthropic_openai.error_to_anthropic(
@@ -348,7 +348,7 @@ class Outgoing:
             translation = _Translated(
                 lambda b: _to_responses(openai_anthropic.response_to_openai(b, model), model, echo),
                 lambda: _Chained(
-                    openai_anthropic.StreamToOpenAI(model, include_usage=True),
+                    openai_anthropic.AnthropicStreamToOpenAI(model, include_usage=True),
                     responses_openai.StreamToResponses(model, echo),
                 ),
                 openai_anthropic.error_to_openai,
@@ -358,7 +358,7 @@ class Outgoing:
         translation = _Translated(
             lambda b: _to_responses(openai_gemini.response_to_openai(b, model), model, echo),
             lambda: _Chained(
-                openai_gemini.StreamToOpenAI(model, include_usage=True),
+                openai_gemini.GeminiStreamToOpenAI(model, include_usage=True),
                 responses_openai.StreamToResponses(model, echo),
             ),
             openai_gemini.error_to_openai,

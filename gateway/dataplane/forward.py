@@ -44,21 +44,14 @@ from gateway.dataplane.rsgi import HTTPProtocol, Scope, Transport
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
-from gateway.errors import BadRequest, GatewayError, StreamCut, UpstreamUnavailable
+from gateway.errors import BadRequest, GatewayTimeout, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
 from gateway.routing.context import says_context_exceeded
 from gateway.snapshot import Credential, Target
 
-__all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted", "UpstreamTimeout"]
+__all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted"]
 
 log = logging.getLogger("gateway.dataplane")
-
-
-class UpstreamTimeout(GatewayError):
-    status = 504
-    code = "upstream_timeout"
-    openai_type = "server_error"
-    anthropic_type = "api_error"
 
 
 class RelayAborted(Exception):
@@ -687,7 +680,7 @@ class _Attempt:
         if self.kept is not None:
             return Attempted(self.target, self.send_kept(proto), self.tries, self.credential_name())
         if isinstance(self.error, ClientTimeout):
-            raise UpstreamTimeout("no backend answered in time for this model")
+            raise GatewayTimeout("no backend answered in time for this model")
         if self.tries == 0 and self.refusal is not None:
             raise self.refusal
         if self.tries == 0 and isinstance(self.error, NoCredential):

@@ -66,7 +66,7 @@ class UpstreamTimeout(UpstreamError):
     """Connect, first byte (status line and headers) or read (a wait for body data) took too long."""
 
 
-class _Pool:
+class _OriginPool:
     """The idle connections to one (scheme, host, port), most recently used on the right."""
 
     __slots__ = ("host", "host_header", "idle", "label", "port", "tls")
@@ -207,7 +207,7 @@ class _Conn(asyncio.Protocol):
         "waiter",
     )
 
-    def __init__(self, client: UpstreamClient, pool: _Pool, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: UpstreamClient, pool: _OriginPool, loop: asyncio.AbstractEventLoop) -> None:
         self.client = client
         self.pool = pool
         self.loop = loop
@@ -425,8 +425,8 @@ class UpstreamClient:
         self.keepalive_timeout = keepalive_timeout
         self.max_idle_per_host = max_idle_per_host
         self._ssl = ssl_context
-        self._bases: dict[str, tuple[_Pool, str]] = {}
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._bases: dict[str, tuple[_OriginPool, str]] = {}
+        self._pools: dict[tuple[str, str, int], _OriginPool] = {}
         self._conns: set[_Conn] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         self._closed = False
@@ -496,7 +496,7 @@ class UpstreamClient:
         self._conns.clear()
 
     # -- pools -------------------------------------------------------------------------------------
-    def _add_base(self, base_url: str) -> tuple[_Pool, str]:
+    def _add_base(self, base_url: str) -> tuple[_OriginPool, str]:
         try:
             parts = urlsplit(base_url)
             port = parts.port
@@ -510,12 +510,12 @@ class UpstreamClient:
         key = (scheme, parts.hostname, port)
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[key] = _Pool(scheme, parts.hostname, port)
+            pool = self._pools[key] = _OriginPool(scheme, parts.hostname, port)
         base = (pool, parts.path.rstrip("/"))
         self._bases[base_url] = base
         return base
 
-    def _take_idle(self, pool: _Pool) -> _Conn | None:
+    def _take_idle(self, pool: _OriginPool) -> _Conn | None:
         idle = pool.idle
         while idle:
             conn = idle.pop()
@@ -568,7 +568,7 @@ class UpstreamClient:
         if remaining and not self._closed:
             self._sweeper = loop.call_later(self._sweep_interval(), self._sweep)
 
-    async def _connect(self, pool: _Pool, timeout: float) -> _Conn:
+    async def _connect(self, pool: _OriginPool, timeout: float) -> _Conn:
         if self._closed:
             raise UpstreamError("the upstream client is closed")
         loop = asyncio.get_running_loop()

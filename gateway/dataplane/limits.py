@@ -9,9 +9,9 @@ nothing in one C call and settled in another, on atomics in the shared table, so
 all workers of the host. I/O: none (shared memory only).
 
 A worker killed with ``kill -9`` cannot give its gauges back, so each worker notes the gauges it holds
-in its own area of a shared segment (``Holdings``) before taking them; the worker the supervisor starts in
-its place releases whatever is still noted there. Rate buckets need no such care: what a killed request
-took stays taken, as it would have had the request finished.
+in its own area of a shared segment (``gateway.shm.holdings.Holdings``) before taking them; the worker the
+supervisor starts in its place releases whatever is still noted there. Rate buckets need no such care:
+what a killed request took stays taken, as it would have had the request finished.
 """
 
 from __future__ import annotations
@@ -25,61 +25,17 @@ from gateway.native import (
     LIMIT_REQUESTS,
     LIMIT_TOKENS,
     AdmissionPlan,
-    AtomicWords,
     BucketTable,
 )
+from gateway.shm.holdings import Holdings
 from gateway.snapshot import KeyEntry, Limits
 
-__all__ = ["HOLD_WORDS", "NOTE_WORDS", "Holdings", "Limiter", "Ticket", "estimate_tokens"]
+__all__ = ["Limiter", "Ticket", "estimate_tokens"]
 
 # Bytes per token for the prompt estimate: a common rule of thumb for English text and JSON overhead.
 BYTES_PER_TOKEN = 4
-# Words of one note block: the gauges one request holds from its limits (principal, key, principal and
-# model: at most three), or one backend place.
-NOTE_WORDS = 4
-# Words of shared memory per proxy worker for its notes: 16,384 blocks, each a request in flight.
-HOLD_WORDS = 65536
 # Plans cached per worker before the cache starts over (each is a few hundred bytes).
 PLAN_CACHE = 8192
-
-
-class Holdings:
-    """One worker's notes of the gauge places it holds, in its own slice of a shared segment that
-    outlives the worker: blocks of ``NOTE_WORDS`` words, a word per held place (its key; 0 = free). The C
-    calls that take and give back places write and clear the words; this class hands out the blocks."""
-
-    def __init__(self, words: AtomicWords, index: int, slots: int = HOLD_WORDS) -> None:
-        self.words = words
-        self.base = index * slots * 8
-        self.slots = slots
-        blocks = slots // NOTE_WORDS
-        self.free = [self.base + 8 * NOTE_WORDS * b for b in range(blocks - 1, -1, -1)]
-        self.unnoted = 0
-
-    def recover(self, table: BucketTable) -> int:
-        """Release every gauge a previous worker in this slice still held; returns how many."""
-        released = 0
-        for i in range(self.slots):
-            offset = self.base + 8 * i
-            key = self.words.load(offset)
-            if key:
-                table.release(key)
-                self.words.store(offset, 0)
-                released += 1
-        return released
-
-    def take(self) -> int:
-        """A free block's byte offset in the segment, or -1 when every block is in use (the places are
-        then held unnoted: counted in ``unnoted``)."""
-        if self.free:
-            return self.free.pop()
-        self.unnoted += 1
-        return -1
-
-    def give(self, block: int) -> None:
-        """Hand a block back once the C call has cleared its words."""
-        if block >= 0:
-            self.free.append(block)
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:

@@ -33,10 +33,11 @@ from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.body_log import BodyLog
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies
-from gateway.dataplane.limits import Holdings, Limiter
+from gateway.dataplane.limits import Limiter
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, SpanRing, UsageRing
-from gateway.shm.segment import SharedRegions
+from gateway.shm.holdings import Holdings
+from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import HEARTBEAT_INTERVAL, WorkerStats
 

@@ -24,8 +24,6 @@ checked field by field; blocks of other types need only a string ``type`` and ar
 verbatim passthrough to an Anthropic backend does not lag behind the API, while a translator refuses
 them by name. Unknown top-level fields are ignored for the same reason. ``metadata.user_id`` is the
 field's real name (the brief's "metadata.user").
-
-``BadUpstreamResponse`` is here because every translator needs it; it belongs in ``gateway.errors``.
 """
 
 from __future__ import annotations
@@ -36,12 +34,11 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.errors import BadRequest, GatewayError, anthropic_error_type
+from gateway.errors import BadRequest, anthropic_error_type
 from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
 
 __all__ = [
     "IMAGE_TOKENS",
-    "BadUpstreamResponse",
     "Message",
     "MessagesHead",
     "MessagesRequest",
@@ -61,15 +58,6 @@ IMAGE_TOKENS: Final = 1600
 _ROLES: Final = ("user", "assistant", "system")
 _TOOL_CHOICES: Final = ("auto", "any", "tool", "none")
 _MEDIA_TYPES: Final = ("image/jpeg", "image/png", "image/gif", "image/webp")
-
-
-class BadUpstreamResponse(GatewayError):
-    """A backend answered 2xx with a body that is not what its protocol promises."""
-
-    status = 502
-    code = "bad_upstream_response"
-    openai_type = "server_error"
-    anthropic_type = "api_error"
 
 
 @dataclass(frozen=True, slots=True)

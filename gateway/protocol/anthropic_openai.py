@@ -38,9 +38,8 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.protocol.anthropic import (
-    BadUpstreamResponse,
     Message,
     MessagesRequest,
     anthropic_error_body,

@@ -1,7 +1,7 @@
 """Translator for an OpenAI client in front of an Anthropic-speaking backend (Messages API). Sans-I/O.
 
 ``request_to_anthropic`` turns a chat completion body into a Messages body, ``response_to_openai`` a
-Messages object into a chat completion, ``StreamToOpenAI`` Anthropic stream events into
+Messages object into a chat completion, ``AnthropicStreamToOpenAI`` Anthropic stream events into
 ``chat.completion.chunk`` events as they arrive; ``error_to_openai`` rewraps an upstream error body.
 Bad fields raise ``BadRequest`` naming them the OpenAI way (``messages[2].content[0].type``).
 
@@ -36,12 +36,11 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.errors import BadRequest
-from gateway.protocol.anthropic import BadUpstreamResponse
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
 
-__all__ = ["StreamToOpenAI", "error_to_openai", "request_to_anthropic", "response_to_openai"]
+__all__ = ["AnthropicStreamToOpenAI", "error_to_openai", "request_to_anthropic", "response_to_openai"]
 
 _FINISH: Final = {
     "end_turn": "stop",
@@ -401,7 +400,7 @@ def error_to_openai(status: int, body: bytes) -> bytes:
     return _error_body(kind, message, kind if isinstance(kind, str) else status)
 
 
-class StreamToOpenAI(EventTranslator):
+class AnthropicStreamToOpenAI(EventTranslator):
     """Anthropic stream events in, ``chat.completion.chunk`` events out.
 
     ``include_usage``: the client asked for ``stream_options.include_usage`` (the caller knows from the

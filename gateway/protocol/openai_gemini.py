@@ -2,7 +2,7 @@
 
 ``request_to_gemini`` turns a chat completion body into the path suffix and body of a Gemini call (the
 caller builds ``/v1beta/models/{upstream_model}`` + suffix; the model is not in a Gemini body),
-``response_to_openai`` a ``GenerateContentResponse`` into a chat completion, ``StreamToOpenAI`` the
+``response_to_openai`` a ``GenerateContentResponse`` into a chat completion, ``GeminiStreamToOpenAI`` the
 ``streamGenerateContent?alt=sse`` events into ``chat.completion.chunk`` events; ``error_to_openai``
 rewraps Gemini's error body. Bad fields raise ``BadRequest`` naming them (``messages[2].tool_call_id``).
 
@@ -22,7 +22,7 @@ The mapping, where it is not one to one:
   choices come back by candidate index), seed, presence / frequency penalties; ``response_format``
   json_object -> ``responseMimeType: application/json``, json_schema -> that plus ``responseJsonSchema``.
 - Dropped: ``user``, ``parallel_tool_calls``, ``logit_bias``, ``reasoning_effort``, ``stream_options``
-  (the caller passes ``include_usage`` to ``StreamToOpenAI``) and message ``name``s. Refused:
+  (the caller passes ``include_usage`` to ``GeminiStreamToOpenAI``) and message ``name``s. Refused:
   ``logprobs``, legacy ``functions``, http image URLs, file parts, non-function tools.
 
 Answers: thought parts are dropped, and so are thought signatures (a Gemini 3 model that requires them
@@ -40,12 +40,11 @@ from typing import Any, Final
 
 import orjson
 
-from gateway.errors import BadRequest
-from gateway.protocol.anthropic import BadUpstreamResponse
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
 
-__all__ = ["StreamToOpenAI", "error_to_openai", "request_to_gemini", "response_to_openai"]
+__all__ = ["GeminiStreamToOpenAI", "error_to_openai", "request_to_gemini", "response_to_openai"]
 
 GENERATE: Final = ":generateContent"
 STREAM: Final = ":streamGenerateContent?alt=sse"
@@ -401,7 +400,7 @@ def error_to_openai(status: int, body: bytes) -> bytes:
     return _error_body(doc.get("error") if doc is not None else None, status)
 
 
-class StreamToOpenAI(EventTranslator):
+class GeminiStreamToOpenAI(EventTranslator):
     """Gemini SSE events in, ``chat.completion.chunk`` events out.
 
     Gemini's stream has no end marker: every event is a whole ``GenerateContentResponse`` and the body

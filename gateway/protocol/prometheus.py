@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["EngineLoad", "engine_load"]
+__all__ = ["EngineMetrics", "engine_load"]
 
 # metric name -> (engine, field)
 _METRICS = {
@@ -28,7 +28,7 @@ _METRICS = {
 
 
 @dataclass(frozen=True, slots=True)
-class EngineLoad:
+class EngineMetrics:
     kind: str  # "vllm" | "sglang"
     running: int
     waiting: int
@@ -62,7 +62,7 @@ def _sample(line: str) -> tuple[str, float] | None:
     return name.strip(), value
 
 
-def engine_load(text: str) -> EngineLoad | None:
+def engine_load(text: str) -> EngineMetrics | None:
     sums: dict[str, float] = {}
     kind = None
     kv: float | None = None
@@ -81,4 +81,4 @@ def engine_load(text: str) -> EngineLoad | None:
             sums[field] = sums.get(field, 0.0) + sample[1]
     if kind is None:
         return None
-    return EngineLoad(kind, int(sums.get("running", 0)), int(sums.get("waiting", 0)), kv)
+    return EngineMetrics(kind, int(sums.get("running", 0)), int(sums.get("waiting", 0)), kv)

@@ -43,8 +43,7 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
-from gateway.errors import BadRequest
-from gateway.protocol.anthropic import BadUpstreamResponse
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.protocol.openai_request import RequestInfo
 from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage

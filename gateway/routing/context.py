@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.errors import BadRequest
+from gateway.errors import ContextTooLong
 
 if TYPE_CHECKING:
     from gateway.routing.targets import Target
 
-__all__ = ["ContextTooLong", "estimate_prompt_tokens", "fitting", "says_context_exceeded"]
-
-
-class ContextTooLong(BadRequest):
-    code = "context_length_exceeded"
+__all__ = ["estimate_prompt_tokens", "fitting", "says_context_exceeded"]
 
 
 def estimate_prompt_tokens(body: bytes) -> int:

@@ -1,4 +1,4 @@
-"""SysV shared-memory segments owned by the supervisor.
+"""One SysV shared-memory segment (``regions.py`` declares which the host has, and creates them).
 
 A segment is created private (``IPC_PRIVATE``) and at once marked for removal: forked workers inherit the
 mapping, a tool such as ``gateway status`` can still attach by id (Linux allows it), and the kernel frees
@@ -8,12 +8,9 @@ I/O: shmget/shmat/shmctl system calls only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import sysv_ipc
 
-__all__ = ["Segment", "SharedRegions"]
+__all__ = ["Segment"]
 
 
 class Segment:
@@ -48,20 +45,3 @@ class Segment:
             self._shm.detach()
         except sysv_ipc.Error:
             pass
-
-
-@dataclass(frozen=True, slots=True)
-class SharedRegions:
-    """What the supervisor hands every forked worker: its segments' buffers, and the epoch that names this
-    set of segments' lifetime (budget keys include it)."""
-
-    snapshot: memoryview  # the published snapshot slots
-    buckets: memoryview  # rate buckets, concurrency gauges and budget spend
-    usage: memoryview  # one usage-record ring per proxy worker
-    holdings: memoryview  # the concurrency gauges each proxy worker holds (see dataplane.limits)
-    stats: memoryview  # each proxy worker's statistics, for health reports (see shm.worker_stats)
-    epoch: str
-    # How many processes still map the usage rings: a control worker left behind by a dead supervisor
-    # drains until the proxy workers, who write the rings, have all gone.
-    usage_attached: Callable[[], int] | None = None
-    bodies: memoryview | None = None  # one body-log ring per proxy worker (see dataplane.body_log)

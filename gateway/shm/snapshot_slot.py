@@ -41,6 +41,7 @@ __all__ = [
     "PublishRefused",
     "SnapshotPublisher",
     "SnapshotReader",
+    "region_bytes",
 ]
 
 MAGIC = int.from_bytes(b"GWSNAP01", "little")
@@ -57,6 +58,11 @@ CONTROL_STORE_DOWN = 3  # a local control worker whose store does not answer (it
 
 class PublishRefused(Exception):
     """The document is older than what is published, or does not fit its slot."""
+
+
+def region_bytes(slot_bytes: int) -> int:
+    """The segment's size for documents of up to ``slot_bytes`` bytes: the header, then two slots."""
+    return HEADER_BYTES + 2 * slot_bytes
 
 
 def _slot_bytes(buf: memoryview) -> int:

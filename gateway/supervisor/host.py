@@ -2,8 +2,9 @@
 (``gateway serve``); ``status_document`` says what a running one is doing (``gateway status``).
 
 ``serve`` checks the settings for the role, claims the ports, applies ``--config`` (or at least migrates
-the store) before any worker forks, creates the shared segments, starts the control worker, waits for
-its first snapshot, then the proxy workers, and hands over to the ``Supervisor``.
+the store) before any worker forks, has ``gateway.shm.regions`` create the shared segments, starts the
+control worker, waits for its first snapshot, then the proxy workers, and hands over to the
+``Supervisor``.
 I/O: the data directory (store, hash key, run state), shared-memory creation and reads, fork.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import ssl
 import sys
@@ -22,25 +22,17 @@ from typing import Any
 import orjson
 
 from gateway.config import Settings, load_hash_key
-from gateway.dataplane.limits import HOLD_WORDS
 from gateway.errors import ConfigError
-from gateway.native import BucketTable, SpanRing, UsageRing, region_size, ring_region_size
-from gateway.shm.segment import Segment, SharedRegions
-from gateway.shm.snapshot_slot import HEADER_BYTES, SnapshotReader
+from gateway.shm.regions import RegionSizes, SharedRegions
+from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import WorkerStats, sum_backends
-from gateway.shm.worker_stats import region_bytes as stats_region_bytes
 from gateway.supervisor.port_claim import PortClaim, claim_port
 from gateway.supervisor.process import Supervisor, WorkerSpec
 from gateway.supervisor.sd_notify import Notifier
 
-__all__ = ["RING_SLOT_BYTES", "serve", "status_document"]
+__all__ = ["serve", "status_document"]
 
 log = logging.getLogger("gateway.supervisor")
-
-RING_SLOT_BYTES = 1024  # a usage record is a few hundred bytes; names are at most 200 characters
-# Body logs span slots: 4 KiB each keeps a short chat in one or two, and the memory a body ring maps is
-# only touched once bodies are logged.
-BODY_SLOT_BYTES = 4096
 
 
 class _JsonFormatter(logging.Formatter):
@@ -170,41 +162,35 @@ def _serve(settings: Settings) -> int:
                 (settings.run_dir / CONFIG_PENDING).touch()
 
     Supervisor.block_signals()
-    segment = Segment.create(HEADER_BYTES + 2 * settings.snapshot_segment_bytes)
-    buckets = Segment.create(region_size(settings.bucket_capacity))
-    BucketTable.create_layout(buckets.buf, settings.bucket_capacity).close()
-    workers = max(1, settings.workers)
-    rings = Segment.create(ring_region_size(workers, settings.usage_ring_slots, RING_SLOT_BYTES))
-    UsageRing.create_layout(rings.buf, workers, settings.usage_ring_slots, RING_SLOT_BYTES).close()
-    # Names this bucket table's lifetime in budget keys: spend counted live by an earlier table (before a
-    # restart) or by another host is then never mistaken for this one's.
-    holdings = Segment.create(workers * HOLD_WORDS * 8)
-    stats = Segment.create(stats_region_bytes(workers))
-    # Made whether or not any [[body_logs]] entry exists yet: one may be applied while the host runs, and
-    # pages of the segment nobody writes take no memory.
-    body_rings = Segment.create(ring_region_size(workers, settings.body_ring_slots, BODY_SLOT_BYTES))
-    SpanRing.create_layout(body_rings.buf, workers, settings.body_ring_slots, BODY_SLOT_BYTES).close()
-    epoch = secrets.token_hex(8)
-    shared = SharedRegions(
-        segment.buf,
-        buckets.buf,
-        rings.buf,
-        holdings.buf,
-        stats.buf,
-        epoch,
-        usage_attached=rings.attached,
-        bodies=body_rings.buf,
+    shared = SharedRegions.create(
+        RegionSizes(
+            workers=settings.workers,
+            snapshot_bytes=settings.snapshot_segment_bytes,
+            bucket_capacity=settings.bucket_capacity,
+            ring_slots=settings.usage_ring_slots,
+            body_slots=settings.body_ring_slots,
+        )
     )
+    try:
+        return _supervise(settings, shared, hash_key)
+    finally:
+        shared.close()
+
+
+def _supervise(settings: Settings, shared: SharedRegions, hash_key: bytes) -> int:
+    """Start the control worker, wait for its first snapshot, start the proxies, and run the supervisor
+    until it drains."""
     specs = _worker_specs(settings, shared, hash_key)
     notifier = Notifier()
-    stats_view = WorkerStats(stats.buf)
+    stats_view = WorkerStats(shared.stats)
+    reader = SnapshotReader(shared.snapshot)
 
     def every_worker_serves() -> bool:
         """Each proxy worker of the current generation has published its statistics, which it does from
         inside the running server; a control-role host is ready once a snapshot exists."""
         proxies = {s.pid for s in specs if s.kind == "proxy" and s.pid}
         if settings.role == "control":
-            return SnapshotReader(segment.buf).generation() > 0
+            return reader.generation() > 0
         seen = {doc.get("pid") for _, doc in stats_view.documents()}
         return bool(proxies) and proxies <= seen
 
@@ -226,12 +212,8 @@ def _serve(settings: Settings) -> int:
     )
     sup.on_reload = lambda: sup.signal_kind("control", signal.SIGHUP)
     sup.extra_state = {
-        "snapshot_segment": segment.id,
-        "bucket_segment": buckets.id,
-        "usage_segment": rings.id,
-        "stats_segment": stats.id,
-        "body_segment": body_rings.id,
-        "epoch": epoch,
+        "segments": shared.ids(),
+        "epoch": shared.epoch,
         "port": settings.port,
         "host": settings.host,
         "role": settings.role,
@@ -239,7 +221,6 @@ def _serve(settings: Settings) -> int:
     }
 
     sup.spawn(specs[0])  # the control worker publishes the first snapshot before proxies take traffic
-    reader = SnapshotReader(segment.buf)
     # A proxy-role host with no last known snapshot and no control plane waits less: its proxies answer
     # 503 until a snapshot arrives, which beats not listening at all.
     wait = 10.0 if settings.role == "proxy" else 30.0
@@ -262,15 +243,7 @@ def _serve(settings: Settings) -> int:
             settings.workers,
             settings.role,
         )
-    try:
-        return sup.run()
-    finally:
-        segment.close()
-        buckets.close()
-        rings.close()
-        holdings.close()
-        stats.close()
-        body_rings.close()
+    return sup.run()
 
 
 def _worker_specs(settings: Settings, shared: SharedRegions, hash_key: bytes) -> list[WorkerSpec]:
@@ -320,28 +293,20 @@ def status_document(state: dict[str, Any]) -> dict[str, Any]:
         "workers": [],
         "backends": {},
     }
-    if alive and state.get("snapshot_segment") is not None:
+    stats: dict[int, dict[str, Any]] = {}
+    ids = state.get("segments") or {}
+    if alive and "snapshot" in ids and "stats" in ids:
+        # Only the two it reads: attaching the usage rings would count as a process still writing them.
         try:
-            seg = Segment.attach(int(state["snapshot_segment"]))
-        except Exception as exc:  # the segment went with a supervisor that is exiting
+            shared = SharedRegions.attach({"snapshot": ids["snapshot"], "stats": ids["stats"]})
+        except Exception as exc:  # the segments went with a supervisor that is exiting
             doc["snapshot"] = {"error": str(exc)}
         else:
             try:
-                reader = SnapshotReader(seg.buf)
-                control, seen = reader.control_state()
-                doc["snapshot"] = {
-                    "generation": reader.generation(),
-                    "published_at": reader.published_at(),
-                    "source": {
-                        0: "local store",
-                        1: "control plane answering",
-                        2: "control plane unreachable",
-                    }[control],
-                    "last_answered": seen if control else None,
-                }
+                doc["snapshot"] = _snapshot_status(SnapshotReader(shared.snapshot))
+                stats = _worker_stats(WorkerStats(shared.stats))
             finally:
-                seg.close()
-    stats = _worker_stats(state) if alive else {}
+                shared.close()
     for w in state.get("workers", []):
         wpid = int(w.get("pid") or 0)
         if wpid and alive and _pid_alive(wpid):
@@ -374,24 +339,29 @@ def status_document(state: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _worker_stats(state: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """Each proxy worker's last statistics document, by pid (empty when the segment is gone)."""
-    if state.get("stats_segment") is None:
-        return {}
-    try:
-        seg = Segment.attach(int(state["stats_segment"]))
-    except Exception:
-        return {}
-    try:
-        view, now = WorkerStats(seg.buf), time.monotonic()
-        out = {}
-        for slot, doc in view.documents():
-            pid = int(doc.get("pid", 0))
-            beat = view.last_beat(slot, pid)  # CLOCK_MONOTONIC is one clock for every process of the host
-            out[pid] = {**doc, "heartbeat_age": None if beat is None else max(0.0, now - beat)}
-        return out
-    finally:
-        seg.close()
+def _snapshot_status(reader: SnapshotReader) -> dict[str, Any]:
+    control, seen = reader.control_state()
+    return {
+        "generation": reader.generation(),
+        "published_at": reader.published_at(),
+        "source": {
+            0: "local store",
+            1: "control plane answering",
+            2: "control plane unreachable",
+        }[control],
+        "last_answered": seen if control else None,
+    }
+
+
+def _worker_stats(view: WorkerStats) -> dict[int, dict[str, Any]]:
+    """Each proxy worker's last statistics document, by pid."""
+    now = time.monotonic()
+    out = {}
+    for slot, doc in view.documents():
+        pid = int(doc.get("pid", 0))
+        beat = view.last_beat(slot, pid)  # CLOCK_MONOTONIC is one clock for every process of the host
+        out[pid] = {**doc, "heartbeat_age": None if beat is None else max(0.0, now - beat)}
+    return out
 
 
 def _pid_alive(pid: int) -> bool:

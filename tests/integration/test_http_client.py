@@ -20,7 +20,7 @@ import pytest
 
 from gateway.dataplane import http_client
 from gateway.dataplane.http_client import RequestNotSendable, UpstreamClient, UpstreamError, UpstreamTimeout
-from tests.fixtures.processes import MockEngine, free_port
+from tests.fixtures.processes import MockEngine, refusing_socket
 
 CHAT = "/v1/chat/completions"
 JSON = [("content-type", "application/json")]
@@ -299,16 +299,22 @@ def test_read_timeout_between_pieces(run: Any, mock: MockEngine) -> None:
 
 
 def test_connection_refused(run: Any) -> None:
+    hold = refusing_socket()  # bound, never listening: refused, and nobody else can take the port meanwhile
+    url = f"http://127.0.0.1:{hold.getsockname()[1]}"
+
     async def go() -> None:
         client = UpstreamClient()
         try:
             with pytest.raises(UpstreamError, match="cannot connect") as info:
-                await client.request(f"http://127.0.0.1:{free_port()}", "GET", "/", [], b"", **TIMEOUTS)
+                await client.request(url, "GET", "/", [], b"", **TIMEOUTS)
             assert not isinstance(info.value, UpstreamTimeout)
         finally:
             await client.close()
 
-    run(go())
+    try:
+        run(go())
+    finally:
+        hold.close()
 
 
 def test_error_status_is_an_answer(run: Any, mock: MockEngine) -> None:

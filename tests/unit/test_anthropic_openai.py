@@ -13,9 +13,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.mockengine import responses as mock
-from gateway.protocol.anthropic import BadUpstreamResponse, parse_messages_request
+from gateway.protocol.anthropic import parse_messages_request
 from gateway.protocol.anthropic_openai import (
     StreamToAnthropic,
     error_to_anthropic,

@@ -20,9 +20,9 @@ from gateway.native import (
     AtomicWords,
     BucketTable,
     BucketTableFull,
-    Decision,
     Peek,
     RegionError,
+    TakeOutcome,
     region_size,
 )
 
@@ -95,29 +95,29 @@ def test_close_releases_the_buffer() -> None:
 
 def test_burst_then_one_per_interval(table: BucketTable) -> None:
     got = [table.take_at(KEY, 1.0, 10, 1, T0) for _ in range(11)]
-    assert got[:10] == [Decision(True, 0.0, r) for r in range(9, -1, -1)]
-    assert got[10] == Decision(False, 1.0, 0)
-    assert table.take_at(KEY, 1.0, 10, 1, T0 + S // 2) == Decision(False, 0.5, 0)
-    assert table.take_at(KEY, 1.0, 10, 1, T0 + S) == Decision(True, 0.0, 0)
-    assert table.take_at(KEY, 1.0, 10, 1, T0 + S) == Decision(False, 1.0, 0)
+    assert got[:10] == [TakeOutcome(True, 0.0, r) for r in range(9, -1, -1)]
+    assert got[10] == TakeOutcome(False, 1.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 1, T0 + S // 2) == TakeOutcome(False, 0.5, 0)
+    assert table.take_at(KEY, 1.0, 10, 1, T0 + S) == TakeOutcome(True, 0.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 1, T0 + S) == TakeOutcome(False, 1.0, 0)
 
 
 def test_take_several_units(table: BucketTable) -> None:
-    assert table.take_at(KEY, 1.0, 10, 4, T0) == Decision(True, 0.0, 6)
-    assert table.take_at(KEY, 1.0, 10, 7, T0) == Decision(False, 1.0, 6)  # one unit short: one interval
-    assert table.take_at(KEY, 1.0, 10, 6, T0) == Decision(True, 0.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 4, T0) == TakeOutcome(True, 0.0, 6)
+    assert table.take_at(KEY, 1.0, 10, 7, T0) == TakeOutcome(False, 1.0, 6)  # one unit short: one interval
+    assert table.take_at(KEY, 1.0, 10, 6, T0) == TakeOutcome(True, 0.0, 0)
 
 
 def test_more_than_burst_is_never_admitted(table: BucketTable) -> None:
-    assert table.take_at(KEY, 1.0, 10, 11, T0) == Decision(False, math.inf, 10)
+    assert table.take_at(KEY, 1.0, 10, 11, T0) == TakeOutcome(False, math.inf, 10)
     assert table.take_at(KEY, 1.0, 10, 11, T0 + 3600 * S).retry_after_s == math.inf
-    assert table.take_at(KEY, 1.0, 10, 10, T0) == Decision(True, 0.0, 0)  # the refusal consumed nothing
+    assert table.take_at(KEY, 1.0, 10, 10, T0) == TakeOutcome(True, 0.0, 0)  # the refusal consumed nothing
 
 
 def test_zero_units_checks_for_debt(table: BucketTable) -> None:
-    assert table.take_at(KEY, 1.0, 10, 0, T0) == Decision(True, 0.0, 10)
+    assert table.take_at(KEY, 1.0, 10, 0, T0) == TakeOutcome(True, 0.0, 10)
     table.settle_at(KEY, 1.0, 12, T0)
-    assert table.take_at(KEY, 1.0, 10, 0, T0) == Decision(False, 2.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 0, T0) == TakeOutcome(False, 2.0, 0)
 
 
 def test_fractional_interval(table: BucketTable) -> None:
@@ -138,7 +138,7 @@ def test_refill_over_time(table: BucketTable) -> None:
 def test_settle_allows_debt(table: BucketTable) -> None:
     table.settle_at(KEY, 1.0, 50, T0)
     assert table.peek_at(KEY, 1.0, 10, T0) == Peek(0, 50.0)
-    assert table.take_at(KEY, 1.0, 10, 1, T0) == Decision(False, 41.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 1, T0) == TakeOutcome(False, 41.0, 0)
     table.settle_at(KEY, 1.0, 50, T0)  # debt keeps growing
     assert table.peek_at(KEY, 1.0, 10, T0) == Peek(0, 100.0)
 
@@ -157,8 +157,8 @@ def test_refund_stops_at_a_full_bucket(table: BucketTable) -> None:
 def test_limit_change_keeps_consumption(table: BucketTable) -> None:
     table.take_at(KEY, 1.0, 10, 5, T0)
     assert table.peek_at(KEY, 1.0, 20, T0) == Peek(15, 5.0)
-    assert table.take_at(KEY, 1.0, 20, 15, T0) == Decision(True, 0.0, 0)
-    assert table.take_at(KEY, 1.0, 10, 1, T0) == Decision(False, 11.0, 0)
+    assert table.take_at(KEY, 1.0, 20, 15, T0) == TakeOutcome(True, 0.0, 0)
+    assert table.take_at(KEY, 1.0, 10, 1, T0) == TakeOutcome(False, 11.0, 0)
 
 
 def test_peek_neither_changes_nor_claims() -> None:
@@ -218,12 +218,12 @@ def test_extreme_limits_saturate_without_error(table: BucketTable) -> None:
     table.settle_at(KEY, 1e-300, 2**62, T0)
     assert not table.take_at(KEY, 1e-300, 1, 1, T0).admitted
     big = native.bucket_key("big", "tpm")
-    assert table.take_at(big, 1e300, 10**6, 10**6, T0) == Decision(True, 0.0, 0)  # 1 ns per unit at most
-    assert table.take_at(big, 1e300, 10**6, 10**6, T0 + 10**6) == Decision(True, 0.0, 0)
+    assert table.take_at(big, 1e300, 10**6, 10**6, T0) == TakeOutcome(True, 0.0, 0)  # 1 ns per unit at most
+    assert table.take_at(big, 1e300, 10**6, 10**6, T0 + 10**6) == TakeOutcome(True, 0.0, 0)
 
 
 def test_real_clock(table: BucketTable) -> None:
-    assert table.take(KEY, 0.001, 1) == Decision(True, 0.0, 0)
+    assert table.take(KEY, 0.001, 1) == TakeOutcome(True, 0.0, 0)
     refused = table.take(KEY, 0.001, 1)
     assert not refused.admitted
     assert 999.0 < refused.retry_after_s <= 1000.0

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
-from gateway.dataplane.limits import Holdings
 from gateway.errors import RateLimited
 from gateway.native import AtomicWords, BucketTable, region_size
+from gateway.shm.holdings import Holdings
 from gateway.shm.segment import Segment
 
 

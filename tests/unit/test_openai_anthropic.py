@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.mockengine import anthropic as mock
 from gateway.mockengine.responses import Reply, StreamReply
-from gateway.protocol.anthropic import BadUpstreamResponse, parse_messages_request
+from gateway.protocol.anthropic import parse_messages_request
 from gateway.protocol.openai_anthropic import (
-    StreamToOpenAI,
+    AnthropicStreamToOpenAI,
     error_to_openai,
     request_to_anthropic,
     response_to_openai,
@@ -43,8 +43,8 @@ def upstream_bytes(case: dict[str, Any]) -> bytes:
     return "".join(out).encode()
 
 
-def translate(case: dict[str, Any], pieces: list[bytes]) -> tuple[bytes, StreamToOpenAI]:
-    stream = StreamToOpenAI(case["model"], include_usage=case["include_usage"], created=CREATED)
+def translate(case: dict[str, Any], pieces: list[bytes]) -> tuple[bytes, AnthropicStreamToOpenAI]:
+    stream = AnthropicStreamToOpenAI(case["model"], include_usage=case["include_usage"], created=CREATED)
     return b"".join(stream.feed(p) for p in pieces) + stream.finish(), stream
 
 
@@ -136,7 +136,7 @@ def test_stream_split_anywhere(data: st.DataObject) -> None:
 
 
 def test_nothing_after_the_end() -> None:
-    stream = StreamToOpenAI("m", include_usage=False)
+    stream = AnthropicStreamToOpenAI("m", include_usage=False)
     assert stream.feed(upstream_bytes(STREAMS[0])).endswith(b"data: [DONE]\n\n")
     assert stream.feed(b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n') == b""
     assert stream.finish() == b""
@@ -200,7 +200,7 @@ def test_through_the_mock_engine(tools: bool) -> None:
     upstream = request_to_anthropic(orjson.dumps({**body, "stream": True}), "claude", 100)
     streamed = mock.messages(upstream, "claude", 3, "msg_1", cache_read=2)
     assert isinstance(streamed, StreamReply)
-    stream = StreamToOpenAI("gpt", include_usage=True, created=completion.created)
+    stream = AnthropicStreamToOpenAI("gpt", include_usage=True, created=completion.created)
     out = b"".join(stream.feed(c) for c in streamed.chunks) + stream.finish()
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
     for chunk in openai_chunks(out)[:-1]:

@@ -12,12 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.mockengine import gemini as mock
 from gateway.mockengine.responses import Reply, StreamReply
-from gateway.protocol.anthropic import BadUpstreamResponse
 from gateway.protocol.openai_gemini import (
-    StreamToOpenAI,
+    GeminiStreamToOpenAI,
     error_to_openai,
     request_to_gemini,
     response_to_openai,
@@ -36,8 +35,8 @@ def upstream_bytes(case: dict[str, Any]) -> bytes:
     return "".join("data: " + json.dumps(item["data"]) + eol + eol for item in case["in"]).encode()
 
 
-def translate(case: dict[str, Any], pieces: list[bytes]) -> tuple[bytes, StreamToOpenAI]:
-    stream = StreamToOpenAI(case["model"], include_usage=case["include_usage"], created=CREATED)
+def translate(case: dict[str, Any], pieces: list[bytes]) -> tuple[bytes, GeminiStreamToOpenAI]:
+    stream = GeminiStreamToOpenAI(case["model"], include_usage=case["include_usage"], created=CREATED)
     return b"".join(stream.feed(p) for p in pieces) + stream.finish(), stream
 
 
@@ -220,7 +219,7 @@ def test_through_the_mock_engine(tools: bool) -> None:
     assert suffix == ":streamGenerateContent?alt=sse"
     streamed = mock.generate(orjson.loads(upstream), "gemini", 3, "r1", 1, stream=True)
     assert isinstance(streamed, StreamReply)
-    stream = StreamToOpenAI("gpt", include_usage=True, created=completion.created)
+    stream = GeminiStreamToOpenAI("gpt", include_usage=True, created=completion.created)
     out = b"".join(stream.feed(c) for c in streamed.chunks) + stream.finish()
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
     for chunk in openai_chunks(out)[:-1]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.controlplane.config.specs import BackendSpec, ConfigDoc, RoleSpec
-from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, diff, merge
+from gateway.controlplane.store._ownership import STORE_OWNER, diff, merge
+from gateway.errors import OwnershipConflict
 
 F, G = "file:/etc/a.toml", "file:/etc/b.toml"
 R = RoleSpec("r", ("model/*",))

@@ -12,9 +12,8 @@ import orjson
 import pydantic
 import pytest
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BadUpstreamResponse
 from gateway.protocol import openai_anthropic, openai_gemini
-from gateway.protocol.anthropic import BadUpstreamResponse
 from gateway.protocol.responses_openai import (
     Echo,
     StreamToResponses,

@@ -25,8 +25,8 @@ from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
+from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.snapshot import KeyEntry, Principal, Route
-from gateway.supervisor.host import RING_SLOT_BYTES
 from gateway.usage_record import (
     UsageRecord,
     access_line,

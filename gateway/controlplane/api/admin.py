@@ -60,19 +60,19 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from gateway.controlplane.api import configuration, keys, reports, sessions
-from gateway.controlplane.api.calls import Access, AdminContext, Call, Caller, Handler, Reply, ok
+from gateway.controlplane.api.calls import Access, AdminCaller, AdminContext, Call, Handler, Reply, ok
 from gateway.controlplane.api.dry_run import SnapshotCache, routing_dry_run
 from gateway.errors import Forbidden, NotFound
 from gateway.snapshot import Snapshot
 
-__all__ = ["OPEN_ROUTE_BODY", "ROUTES", "AdminApi", "Admission", "Route", "openapi_document"]
+__all__ = ["OPEN_ROUTE_BODY", "ROUTES", "AdminApi", "AdminRoute", "Admission", "openapi_document"]
 
 MAX_BODY = 8 * 1024 * 1024  # an admin write: a whole configuration at most
 OPEN_ROUTE_BODY = 16 * 1024  # what an unauthenticated request (POST /admin/login) may send: one key
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class AdminRoute:
     method: str
     path: str  # segments; "{name}" captures one
     access: Access
@@ -88,9 +88,9 @@ class Route:
 class Admission:
     """A request whose route and caller were checked from its head: what its body may then be."""
 
-    route: Route
+    route: AdminRoute
     params: dict[str, str]
-    caller: Caller | None  # None on the open routes (login)
+    caller: AdminCaller | None  # None on the open routes (login)
     body_limit: int
 
 
@@ -98,56 +98,60 @@ def openapi(_call: Call) -> Reply:
     return ok(openapi_document())
 
 
-ROUTES: tuple[Route, ...] = (
-    Route(
+ROUTES: tuple[AdminRoute, ...] = (
+    AdminRoute(
         "POST",
         "/admin/login",
         Access.OPEN,
         sessions.login,
         "Open a session with an admin key (sets a cookie)",
     ),
-    Route("POST", "/admin/logout", Access.ANY_ADMIN, sessions.logout, "End the session", csrf=False),
-    Route(
+    AdminRoute("POST", "/admin/logout", Access.ANY_ADMIN, sessions.logout, "End the session", csrf=False),
+    AdminRoute(
         "GET", "/admin/whoami", Access.ANY_ADMIN, sessions.whoami, "The calling principal and its permissions"
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/principals",
         Access.CONFIG_READ,
         keys.principals,
         "Principals with roles, limits, budgets",
     ),
-    Route("GET", "/admin/keys", Access.CONFIG_READ, keys.list_keys, "API keys (never their secrets)"),
-    Route(
+    AdminRoute("GET", "/admin/keys", Access.CONFIG_READ, keys.list_keys, "API keys (never their secrets)"),
+    AdminRoute(
         "POST", "/admin/keys", Access.KEY_CREATE, keys.create_key, "Create a key; its secret is returned once"
     ),
-    Route("DELETE", "/admin/keys/{key}", Access.KEY_REVOKE, keys.revoke_key, "Revoke a key by id or name"),
-    Route("GET", "/admin/config", Access.CONFIG_READ, configuration.get_config, "The configuration as TOML"),
-    Route(
+    AdminRoute(
+        "DELETE", "/admin/keys/{key}", Access.KEY_REVOKE, keys.revoke_key, "Revoke a key by id or name"
+    ),
+    AdminRoute(
+        "GET", "/admin/config", Access.CONFIG_READ, configuration.get_config, "The configuration as TOML"
+    ),
+    AdminRoute(
         "PUT", "/admin/config", Access.CONFIG_WRITE, configuration.put_config, "Apply a TOML configuration"
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/usage",
         Access.USAGE_READ,
         reports.usage,
         "Usage totals by principal, model, key, backend or tag",
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/budgets",
         Access.USAGE_READ,
         reports.budgets,
         "Spend against every budget, current period",
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/requests",
         Access.USAGE_READ,
         reports.requests,
         "Requests in flight on every worker, and the last finished ones with their route traces",
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/requests/{id}",
         Access.USAGE_READ,
@@ -155,28 +159,28 @@ ROUTES: tuple[Route, ...] = (
         "One finished request by the x-request-id its client got: usage, rule and route trace (and its "
         "logged bodies for a caller holding bodies:read)",
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/audit",
         Access.CONFIG_READ,
         configuration.audit,
         "The audit log of configuration writes",
     ),
-    Route(
+    AdminRoute(
         "GET",
         "/admin/fleet",
         Access.CONFIG_READ,
         reports.fleet,
         "Hosts, workers and backends, from recent reports",
     ),
-    Route(
+    AdminRoute(
         "POST",
         "/admin/routing/dry-run",
         Access.CONFIG_READ,
         routing_dry_run,
         "Where a request would go (rule, targets) on the current snapshot, sending nothing",
     ),
-    Route("GET", "/admin/openapi.json", Access.OPEN, openapi, "This API as an OpenAPI document"),
+    AdminRoute("GET", "/admin/openapi.json", Access.OPEN, openapi, "This API as an OpenAPI document"),
     *(
         route
         for kind, what in (
@@ -188,7 +192,7 @@ ROUTES: tuple[Route, ...] = (
             ("principals", "principal"),
         )
         for route in (
-            Route(
+            AdminRoute(
                 "GET",
                 f"/admin/{kind}",
                 Access.CONFIG_READ,
@@ -196,7 +200,7 @@ ROUTES: tuple[Route, ...] = (
                 f"Every {what}, as configured",
                 kind,
             ),
-            Route(
+            AdminRoute(
                 "GET",
                 f"/admin/{kind}/{{name}}",
                 Access.CONFIG_READ,
@@ -204,7 +208,7 @@ ROUTES: tuple[Route, ...] = (
                 f"One {what}",
                 kind,
             ),
-            Route(
+            AdminRoute(
                 "PUT",
                 f"/admin/{kind}/{{name}}",
                 Access.CONFIG_WRITE,
@@ -212,7 +216,7 @@ ROUTES: tuple[Route, ...] = (
                 f"Create or replace a {what}",
                 kind,
             ),
-            Route(
+            AdminRoute(
                 "DELETE",
                 f"/admin/{kind}/{{name}}",
                 Access.CONFIG_WRITE,
@@ -225,7 +229,7 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def _match(route: Route, method: str, path: str) -> dict[str, str] | None:
+def _match(route: AdminRoute, method: str, path: str) -> dict[str, str] | None:
     if route.method != method:
         return None
     want, got = route.path.split("/"), path.rstrip("/").split("/")

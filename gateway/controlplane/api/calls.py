@@ -28,9 +28,9 @@ from gateway.snapshot import Snapshot
 __all__ = [
     "JSON",
     "Access",
+    "AdminCaller",
     "AdminContext",
     "Call",
-    "Caller",
     "Handler",
     "Reply",
     "actor",
@@ -82,7 +82,7 @@ class AdminContext(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
+class AdminCaller:
     principal_id: str
     principal: str
     key_id: str
@@ -100,7 +100,7 @@ class Call:
     """One admitted request, as its handler sees it."""
 
     ctx: AdminContext
-    caller: Caller | None  # None on the open routes
+    caller: AdminCaller | None  # None on the open routes
     params: dict[str, str]  # the path's captures, and "kind" on the per-entity routes
     query: dict[str, list[str]]
     body: bytes
@@ -108,7 +108,7 @@ class Call:
     snapshot: Callable[[], Snapshot | None]
 
     @property
-    def who(self) -> Caller:
+    def who(self) -> AdminCaller:
         """The authenticated caller, on every route but the open ones."""
         if self.caller is None:
             raise AssertionError("an open route's handler asked for its caller")
@@ -147,7 +147,7 @@ def json_object(body: bytes) -> dict[str, Any]:
     return doc
 
 
-def actor(ctx: AdminContext, caller: Caller) -> str:
+def actor(ctx: AdminContext, caller: AdminCaller) -> str:
     """Who a write is audited as: the principal and the name of the key it came with (the key's id
     when it has no name). The name is read at write time: writes need the store anyway."""
     try:

@@ -19,9 +19,9 @@ import orjson
 
 from gateway.controlplane.api.calls import (
     JSON,
+    AdminCaller,
     AdminContext,
     Call,
-    Caller,
     Reply,
     actor,
     json_object,
@@ -138,7 +138,7 @@ def _shown(ctx: AdminContext, kind: str) -> list[dict[str, Any]]:
     return items
 
 
-def _edit(ctx: AdminContext, caller: Caller, kind: str, name: str, item: dict[str, Any] | None) -> Reply:
+def _edit(ctx: AdminContext, caller: AdminCaller, kind: str, name: str, item: dict[str, Any] | None) -> Reply:
     by = actor(ctx, caller)
 
     def apply() -> tuple[int, int]:

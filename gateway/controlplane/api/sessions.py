@@ -20,9 +20,9 @@ import orjson
 
 from gateway.controlplane.api.calls import (
     JSON,
+    AdminCaller,
     AdminContext,
     Call,
-    Caller,
     Reply,
     actor,
     json_object,
@@ -49,7 +49,7 @@ SESSION_COOKIE = "gw_admin_session"
 SESSION_TTL = 8 * 3600.0
 
 
-def authenticate(ctx: AdminContext, headers: Any) -> Caller:
+def authenticate(ctx: AdminContext, headers: Any) -> AdminCaller:
     """The caller of a request, from its bearer key or its session cookie. Raises Unauthorized (and
     ServiceUnavailable for a session while the store is down)."""
     authorization = headers.get("authorization")
@@ -71,7 +71,7 @@ def authenticate(ctx: AdminContext, headers: Any) -> Caller:
     return replace(_caller(doc, entry), session=_token_hash(ctx, token))
 
 
-def caller_of_key(ctx: AdminContext, secret: str) -> Caller:
+def caller_of_key(ctx: AdminContext, secret: str) -> AdminCaller:
     doc = _doc(ctx)
     entry = doc["keys"].get(hash_secret(secret, ctx.hash_key).hex())
     if entry is None:
@@ -101,7 +101,7 @@ def _token_hash(ctx: AdminContext, token: str) -> str:
     return hash_secret("session:" + token, ctx.hash_key).hex()
 
 
-def _caller(doc: dict[str, Any], entry: dict[str, Any]) -> Caller:
+def _caller(doc: dict[str, Any], entry: dict[str, Any]) -> AdminCaller:
     if entry.get("expires_at") is not None and entry["expires_at"] <= time.time():
         raise Unauthorized("This API key has expired")
     principal = doc["principals"].get(entry["principal"])
@@ -110,7 +110,7 @@ def _caller(doc: dict[str, Any], entry: dict[str, Any]) -> Caller:
     perms = frozenset(principal.get("permissions", ()))
     if not perms:
         raise Forbidden("this key's principal holds no admin permission")
-    return Caller(entry["principal"], principal["name"], str(entry["id"]), perms)
+    return AdminCaller(entry["principal"], principal["name"], str(entry["id"]), perms)
 
 
 def _cookie(header: str | None, name: str) -> str | None:

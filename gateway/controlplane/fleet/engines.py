@@ -36,7 +36,7 @@ from gateway.native import BucketTable
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import StaticLoad, engine_states
 from gateway.shm.bucket_keys import backend_keys
-from gateway.shm.segment import SharedRegions
+from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Backend, decode_backends

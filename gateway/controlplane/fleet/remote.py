@@ -53,7 +53,7 @@ from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
 from gateway.controlplane.fleet.spool import UsageSpool
 from gateway.dataplane.tls import make_ssl_context
 from gateway.native import BucketTable, SpanRing, UsageRing
-from gateway.shm.segment import SharedRegions
+from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import (
     CONTROL_REACHABLE,
     CONTROL_UNREACHABLE,
@@ -456,8 +456,6 @@ class RemoteControlWorker:
         proxies are still finishing requests and writing their records. Ship (or spool) until none of
         them maps the rings any more, bounded by their grace period and the final drain's."""
         attached = self.shared.usage_attached
-        if attached is None:
-            return
         log.warning("the supervisor is gone: shipping usage records until the proxy workers have stopped")
         deadline = time.monotonic() + self.settings.grace_period + FINAL_DRAIN_SECONDS
         while attached() > 1 and time.monotonic() < deadline:

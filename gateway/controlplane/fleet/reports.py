@@ -30,7 +30,7 @@ from gateway.config import Settings
 from gateway.controlplane.fleet.shares import Grant, ShareLedger, compute_shares
 from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.shm.bucket_keys import backend_keys
-from gateway.shm.segment import SharedRegions
+from gateway.shm.regions import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
 
 __all__ = ["SILENCE", "TTL", "Fleet", "host_id", "host_report", "traffic_totals"]

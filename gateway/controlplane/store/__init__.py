@@ -22,12 +22,11 @@ from gateway.controlplane.store._columns import MANAGED_BY_API, MANAGED_BY_CLI, 
 from gateway.controlplane.store._credentials import BackendCredential
 from gateway.controlplane.store._document import StoreState
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
-from gateway.controlplane.store._errors import StoreConflict, StoreError
 from gateway.controlplane.store._keys import KeyInfo, PrincipalInfo
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
-from gateway.controlplane.store._ownership import STORE_OWNER, OwnershipConflict, describe_owner
+from gateway.controlplane.store._ownership import STORE_OWNER, describe_owner
 from gateway.controlplane.store._store import Store
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, OwnershipConflict, StoreConflict, StoreError
 
 __all__ = [
     "MANAGED_BY_API",

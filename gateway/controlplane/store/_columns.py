@@ -13,7 +13,7 @@ import orjson
 
 from gateway.controlplane.config.specs import BudgetSpec, LimitsSpec, PriceSpec
 from gateway.controlplane.store._driver import Param
-from gateway.controlplane.store._errors import StoreError
+from gateway.errors import StoreError
 
 __all__ = [
     "BUDGET_COLUMNS",

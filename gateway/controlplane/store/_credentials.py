@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.controlplane.config.specs import BackendSpec
-from gateway.controlplane.credentials import CredentialError, Vault, is_sealed
+from gateway.controlplane.credentials import Vault, is_sealed
 from gateway.controlplane.store._audit import AuditEntry, write_audit
 from gateway.controlplane.store._columns import to_json
 from gateway.controlplane.store._driver import Param, Transaction
 from gateway.controlplane.store._revision import bump_revision
+from gateway.errors import CredentialError
 
 __all__ = [
     "CREDENTIAL_UNREADABLE",

@@ -22,7 +22,7 @@ from gateway.controlplane.config.specs import (
     ProviderModelSpec,
     RoleSpec,
 )
-from gateway.controlplane.credentials import CredentialError, Vault
+from gateway.controlplane.credentials import Vault
 from gateway.controlplane.store._columns import (
     BUDGET_COLUMNS,
     KEY_COLUMNS,
@@ -38,6 +38,7 @@ from gateway.controlplane.store._columns import (
 from gateway.controlplane.store._credentials import CREDENTIAL_UNREADABLE, open_credential
 from gateway.controlplane.store._driver import Transaction
 from gateway.controlplane.store._revision import read_revision
+from gateway.errors import CredentialError
 
 __all__ = ["StoreState", "read_config_doc", "read_owners", "read_state"]
 

@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.errors import StoreConflict, StoreError
 
 __all__ = ["Driver", "Param", "SqliteDriver", "Transaction"]
 

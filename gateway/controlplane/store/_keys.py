@@ -24,9 +24,8 @@ from gateway.controlplane.store._columns import (
     to_json,
 )
 from gateway.controlplane.store._driver import Transaction
-from gateway.controlplane.store._errors import StoreConflict
 from gateway.controlplane.store._revision import bump_revision
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StoreConflict
 from gateway.keys import generate_secret, hash_secret
 
 __all__ = [

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from gateway.controlplane.store._driver import Driver
-from gateway.controlplane.store._errors import StoreError
+from gateway.errors import StoreError
 
 __all__ = ["Migration", "apply_migrations", "available_migrations", "split_statements"]
 

@@ -22,9 +22,9 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.controlplane.config.specs import BackendSpec, ConfigDoc, KeySpec
-from gateway.controlplane.store._errors import StoreConflict
+from gateway.errors import OwnershipConflict
 
-__all__ = ["KINDS", "STORE_OWNER", "OwnershipConflict", "describe_owner", "diff", "merge"]
+__all__ = ["KINDS", "STORE_OWNER", "describe_owner", "diff", "merge"]
 
 STORE_OWNER = "store"
 # The sections of ConfigDoc with named entries, plus "routing" for the fallback (one entry, "fallback").
@@ -40,13 +40,6 @@ KINDS = (
     "body_logs",
 )
 Owners = Mapping[tuple[str, str], str]
-
-
-class OwnershipConflict(StoreConflict):
-    """A write through the API or UI that would change or remove an entry a config file owns."""
-
-    status = 409
-    code = "owned_by_file"
 
 
 def describe_owner(owner: str) -> str:

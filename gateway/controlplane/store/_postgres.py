@@ -29,7 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from gateway.controlplane.store._driver import Param, Transaction
-from gateway.controlplane.store._errors import StoreConflict, StoreError
+from gateway.errors import StoreConflict, StoreError
 
 __all__ = ["PostgresDriver", "redact_url"]
 
@@ -65,7 +65,7 @@ class _PgTransaction:
 
     def execute(self, sql: str, params: Sequence[Param] = ()) -> int:
         try:
-            self._cur.execute(_sql(sql), params)  # type: ignore[arg-type]
+            self._cur.execute(_sql(sql), params)
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
         return self._cur.rowcount
@@ -75,13 +75,13 @@ class _PgTransaction:
         if not batch:
             return
         try:
-            self._cur.executemany(_sql(sql), batch)  # type: ignore[arg-type]
+            self._cur.executemany(_sql(sql), batch)
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
 
     def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]:
         try:
-            self._cur.execute(_sql(sql), params)  # type: ignore[arg-type]
+            self._cur.execute(_sql(sql), params)
             return self._cur.fetchall()
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
@@ -211,7 +211,7 @@ class PostgresDriver:
                 try:
                     with psycopg.connect(self.url, autocommit=True, connect_timeout=2) as conn:
                         holder["conn"] = conn
-                        conn.execute(f"LISTEN {channel}")  # type: ignore[arg-type]  # a constant name
+                        conn.execute(f"LISTEN {channel}")  # a constant name
                         while not stop.is_set():
                             for note in conn.notifies(timeout=1.0):
                                 callback(note.payload)

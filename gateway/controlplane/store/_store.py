@@ -74,7 +74,7 @@ class Store:
         """Have ``callback`` called (from another thread) whenever any process commits a new revision, or
         return None where the database cannot tell (SQLite: poll ``revision()``)."""
         listen = getattr(self._driver, "listen", None)
-        return None if listen is None else listen(REVISION_CHANNEL, callback)  # type: ignore[no-any-return]
+        return None if listen is None else listen(REVISION_CHANNEL, callback)
 
     def revision(self) -> int:
         with self._driver.transaction(write=False) as tx:
