@@ -24,13 +24,19 @@ import orjson
 from gateway.config import Settings, load_hash_key
 from gateway.errors import ConfigError
 from gateway.shm.regions import RegionSizes, SharedRegions
-from gateway.shm.snapshot_slot import SnapshotReader
+from gateway.shm.snapshot_slot import (
+    CONTROL_LOCAL,
+    CONTROL_REACHABLE,
+    CONTROL_STORE_DOWN,
+    CONTROL_UNREACHABLE,
+    SnapshotReader,
+)
 from gateway.shm.worker_stats import WorkerStats, sum_backends
 from gateway.supervisor.port_claim import PortClaim, claim_port
 from gateway.supervisor.process import Supervisor, WorkerSpec
 from gateway.supervisor.sd_notify import Notifier
 
-__all__ = ["serve", "status_document"]
+__all__ = ["serve", "snapshot_status", "status_document"]
 
 log = logging.getLogger("gateway.supervisor")
 
@@ -303,7 +309,7 @@ def status_document(state: dict[str, Any]) -> dict[str, Any]:
             doc["snapshot"] = {"error": str(exc)}
         else:
             try:
-                doc["snapshot"] = _snapshot_status(SnapshotReader(shared.snapshot))
+                doc["snapshot"] = snapshot_status(SnapshotReader(shared.snapshot))
                 stats = _worker_stats(WorkerStats(shared.stats))
             finally:
                 shared.close()
@@ -339,17 +345,22 @@ def status_document(state: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _snapshot_status(reader: SnapshotReader) -> dict[str, Any]:
+_SOURCES = {
+    CONTROL_LOCAL: "local store",
+    CONTROL_REACHABLE: "control plane answering",
+    CONTROL_UNREACHABLE: "control plane unreachable",
+    CONTROL_STORE_DOWN: "local store unreachable (serving the last-known-good)",
+}
+
+
+def snapshot_status(reader: SnapshotReader) -> dict[str, Any]:
+    """Where the host's snapshot comes from, as ``gateway status`` shows it."""
     control, seen = reader.control_state()
     return {
         "generation": reader.generation(),
         "published_at": reader.published_at(),
-        "source": {
-            0: "local store",
-            1: "control plane answering",
-            2: "control plane unreachable",
-        }[control],
-        "last_answered": seen if control else None,
+        "source": _SOURCES.get(control, f"unknown ({control})"),
+        "last_answered": seen if control != CONTROL_LOCAL and seen else None,
     }
 
 
