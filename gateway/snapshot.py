@@ -22,11 +22,13 @@ Document schema (``schema`` = 1)::
       "principals": {"7": {"name": "alice", "allow_all": false, "models": ["chat", "gpt-4o-mini"],
                            "limits": {"rpm": 100, "tpm": 20000, "concurrency": 8},      # optional
                            "model_limits": {"chat": {"rpm": 10}},                         # optional
-                           "budget": {"period": "month", "tokens": 10000000, "cost": 50.0}}},  # optional
+                           "budgets": [{"period": "month", "tokens": 10000000, "cost": 50.0,   # optional
+                                        "alerts": [0.8, 1.0]}, {"period": "day", "cost": 5.0}]}},
       "keys": {"<64 hex chars of keyed blake3>": {"id": "12", "principal": "7", "expires_at": null,
                                                   "limits": {"rpm": 30},                 # optional
                                                   "name": "ci", "allow_ips": ["10.0.0.0/8"],  # optional
-                                                  "models": ["chat", "gpt-4o-mini"]}},   # optional
+                                                  "models": ["chat", "gpt-4o-mini"],     # optional
+                                                  "budgets": [{"period": "day", "tokens": 50}]}},  # optional
       "pools": {"llama": {"policy": "prefix_affinity", "prefix_bytes": 512, "max_inflight": null,
                           "targets": [["llama-8b", "vllm-a", "meta-llama/...", 1], ...]}},  # weight last
       "fallback": "chat-small",          # optional: deployment-wide fallback model when all targets are down
@@ -52,7 +54,11 @@ Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per mi
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
 limits to one key, ``model_limits`` to one principal calling one model name (the name the caller used).
 
-Budgets and prices are explained in ``gateway.budget``.
+Budgets and prices are explained in ``gateway.budget``. A principal's or key's ``"budgets"`` hold one
+budget per period. A principal's ``"budget"`` is the form from before there could be several: a document
+of that time carries only it, and it still decodes; a newer one repeats the first of ``"budgets"`` there,
+for proxy hosts of the earlier version (``"budgets"`` wins where both are). A key carries its ``"name"``
+when it has rules or budgets.
 
 A route's ``targets`` is the fallback chain already flattened: each provider model of the chain in order,
 and within it each of its backends in order, as ``[provider_model, backend, upstream_model]``.
@@ -66,7 +72,7 @@ from typing import Any
 import orjson
 
 from gateway.body_rules import BodyLogRules
-from gateway.budget import Budget, Price
+from gateway.budget import KEY_OWNER, Budget, BudgetSet, Price, budgets_from_doc
 from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
@@ -131,7 +137,7 @@ class Principal:
     models: frozenset[str]
     limits: Limits | None = None
     model_limits: dict[str, Limits] | None = None
-    budget: Budget | None = None
+    budgets: tuple[Budget, ...] = ()  # one per period (gateway.budget)
     roles: frozenset[str] = frozenset()
 
     def may_use(self, model: str) -> bool:
@@ -145,6 +151,9 @@ class KeyEntry:
     expires_at: float | None
     limits: Limits | None = None
     rules: KeyRules | None = None  # networks and models narrower than the principal's (gateway.key_rules)
+    # Every budget a request through this key answers to, its principal's and its own; None: none.
+    budgets: BudgetSet | None = None
+    name: str | None = None  # carried when the key has rules or budgets (the dry run finds it by name)
 
     def may_use(self, model: str) -> bool:
         rules = self.rules
@@ -225,7 +234,7 @@ class Snapshot:
                     if (lim := Limits.from_doc(f"pm:{pid}:{model}", ml)) is not None
                 }
                 or None,
-                budget=Budget.from_doc(pid, p.get("budget")),
+                budgets=budgets_from_doc(pid, p),
                 roles=frozenset(p.get("roles") or ()),
             )
             for pid, p in doc.get("principals", {}).items()
@@ -236,12 +245,15 @@ class Snapshot:
             if principal is None:
                 continue
             exp = k.get("expires_at")
+            own = budgets_from_doc(KEY_OWNER + str(k["id"]), k) if "budgets" in k else ()
             keys[bytes.fromhex(digest_hex)] = KeyEntry(
                 id=str(k["id"]),
                 principal=principal,
                 expires_at=None if exp is None else float(exp),
                 limits=Limits.from_doc(f"k:{k['id']}", k.get("limits")),
                 rules=KeyRules.from_doc(k) if "allow_ips" in k or "models" in k else None,
+                budgets=BudgetSet(principal.budgets, own) if principal.budgets or own else None,
+                name=k.get("name"),
             )
         return cls(
             revision=int(doc["revision"]),

@@ -17,11 +17,17 @@ was tried. A sampled request's attempts add ``span_id, start_ms`` (OpenTelemetry
 plain integer stands for that many attempts left out to fit. ``rule`` names the routing rule that decided
 (``"#N"`` by position when unnamed); ``span`` is the request's OpenTelemetry identity when it was sampled:
 ``[trace_id, parent_span_id | None, span_id, operation, dialect]``.
+
+Budgets (version 7): ``budget_keys`` lists the live spend counters of the principal's budgets the request
+was added to (one per period), ``key_budget_keys`` those of the key's own budgets; older versions named at
+most one counter, the principal's (``budget_key``), which decodes as a list of one. A record's budget keys
+are never left out to fit: there are at most ``gateway.budget.MAX_BUDGETS`` of each.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import orjson
@@ -41,7 +47,9 @@ __all__ = [
     "to_unsigned64",
 ]
 
-VERSION = 6  # 2 client_request_id, 3 attempts, 4 tag, 5 cut, 6 rule/trace/span; older ones (a spool) decode
+# 2 client_request_id, 3 attempts, 4 tag, 5 cut, 6 rule/trace/span, 7 budget key lists; older ones (a
+# spool, a proxy host not upgraded yet) decode.
+VERSION = 7
 
 # Why an attempt gave no HTTP answer: no connection, no response headers in time, the connection failed
 # otherwise, the target's protocol cannot carry the request (not sent), its flow-control gate was full
@@ -67,7 +75,8 @@ class UsageRecord(NamedTuple):
     cost_nanos: int
     latency_ms: float
     ttfb_ms: float | None
-    budget_key: int | None  # the live spend counter (unsigned 64-bit) this request was added to
+    # The live spend counters (unsigned 64-bit) of the principal's budgets this request was added to.
+    budget_keys: Sequence[int] | None
     client_request_id: str | None = None  # what the client sent as x-request-id, if anything
     attempts: int = 1  # targets tried: 1 when the first answered, more after failovers, 0 when none was
     tag: str | None = None  # the usage tag of the routing rule that decided the request, if it had one
@@ -78,17 +87,18 @@ class UsageRecord(NamedTuple):
     rule: str | None = None  # the routing rule that decided, if a rule did (version 6)
     trace: list[Any] | None = None  # the route trace: one entry per attempt (see the module's docstring)
     span: list[Any] | None = None  # OpenTelemetry ids when the request was sampled
+    key_budget_keys: Sequence[int] | None = None  # the same for the key's own budgets (version 7)
 
     def row(self) -> tuple[Any, ...]:
-        """The values in column order, ``budget_key`` as the signed 64-bit integer SQL stores and the
-        trace and span as JSON text."""
-        trace, span = self.trace, self.span
+        """The values in column order, the trace, the span and the budget key lists as JSON text."""
+        trace, span, keys, own = self.trace, self.span, self.budget_keys, self.key_budget_keys
         return (
             *self[:15],
-            to_signed64(self.budget_key),
+            None if keys is None else orjson.dumps(keys).decode(),
             *self[16:21],
             None if trace is None else orjson.dumps(trace).decode(),
             None if span is None else orjson.dumps(span).decode(),
+            None if own is None else orjson.dumps(own).decode(),
         )
 
 
@@ -115,7 +125,7 @@ _TYPES = (
     _INT,  # cost_nanos
     _NUM,  # latency_ms
     _NUM | _NONE,  # ttfb_ms
-    _INT | _NONE,  # budget_key
+    _LIST | _NONE,  # budget_keys (an integer before version 7)
     _STR | _NONE,  # client_request_id (version 2)
     _INT,  # attempts (version 3)
     _STR | _NONE,  # tag (version 4)
@@ -123,6 +133,7 @@ _TYPES = (
     _STR | _NONE,  # rule (version 6)
     _LIST | _NONE,  # trace (version 6)
     _LIST | _NONE,  # span (version 6)
+    _LIST | _NONE,  # key_budget_keys (version 7)
 )
 
 
@@ -135,9 +146,10 @@ def decode_record(data: bytes) -> UsageRecord:
     return record_from_values(values)
 
 
-# Every allowed combination of field types, so a record is checked with one lookup (1536 combinations).
+# Every allowed combination of field types, so a record is checked with one lookup (3072 combinations).
 _SIGNATURES = frozenset(itertools.product(*_TYPES))
-_new = tuple.__new__  # a record from exactly its 23 fields, without ``_make``'s Python frame
+_new = tuple.__new__  # a record from exactly its 24 fields, without ``_make``'s Python frame
+_BUDGET_KEY = UsageRecord._fields.index("budget_keys")
 
 
 def record_from_values(values: Any) -> UsageRecord:
@@ -147,18 +159,22 @@ def record_from_values(values: Any) -> UsageRecord:
     n = len(_TYPES)
     if len(values) == n + 1 and values[0] == VERSION:
         fields = values[1:]
-    elif len(values) == n - 2 and values[0] == 5:
-        fields = [*values[1:], None, None, None]
-    elif len(values) == n - 3 and values[0] == 4:
+    elif len(values) == n and values[0] == 6:
+        fields = [*values[1:], None]
+    elif len(values) == n - 3 and values[0] == 5:
         fields = [*values[1:], None, None, None, None]
-    elif len(values) == n - 4 and values[0] == 3:
+    elif len(values) == n - 4 and values[0] == 4:
         fields = [*values[1:], None, None, None, None, None]
-    elif len(values) == n - 5 and values[0] == 2:
-        fields = [*values[1:], 1, None, None, None, None, None]
-    elif len(values) == n - 6 and values[0] == 1:
-        fields = [*values[1:], None, 1, None, None, None, None, None]
+    elif len(values) == n - 5 and values[0] == 3:
+        fields = [*values[1:], None, None, None, None, None, None]
+    elif len(values) == n - 6 and values[0] == 2:
+        fields = [*values[1:], 1, None, None, None, None, None, None]
+    elif len(values) == n - 7 and values[0] == 1:
+        fields = [*values[1:], None, 1, None, None, None, None, None, None]
     else:
         raise ValueError(f"not a usage record of version 1 to {VERSION}")
+    if values[0] != VERSION and type(fields[_BUDGET_KEY]) is int:
+        fields[_BUDGET_KEY] = [fields[_BUDGET_KEY]]  # the one counter of a record before version 7
     if tuple(map(type, fields)) not in _SIGNATURES:
         for value, types, name in zip(fields, _TYPES, UsageRecord._fields, strict=True):
             if type(value) not in types:

@@ -1,7 +1,8 @@
 """``gateway keys create|revoke|list``: API keys in the store.
 
 ``create`` prints the new key's secret once on stdout (only its keyed hash is stored) and a note on
-stderr; ``revoke`` takes a key's id or name; ``list`` shows keys, never their secrets. Writes are audited
+stderr; its ``--budget`` takes a budget table as a config file writes it (TOML inline table), once per
+period; ``revoke`` takes a key's id or name; ``list`` shows keys, never their secrets. Writes are audited
 with the OS user who ran the command (``cli:USER``). I/O: the hash key under the data directory, the
 store; stdout, stderr.
 """
@@ -11,11 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import tomllib
 from typing import Any
 
 from gateway.commands.options import finish_command, settings_from_args
-from gateway.commands.output import cli_actor, limits_text, print_table, utc_time
-from gateway.controlplane.config.specs import LimitsSpec
+from gateway.commands.output import budgets_text, cli_actor, limits_text, print_table, utc_time
+from gateway.controlplane.config.parser import parse_budgets
+from gateway.controlplane.config.problems import Problems
+from gateway.controlplane.config.specs import BudgetSpec, LimitsSpec
 from gateway.controlplane.config.values import check_limit, parse_timestamp
 from gateway.controlplane.store import open_store, store_hash_key
 from gateway.errors import ConfigError
@@ -33,6 +37,14 @@ def register(sub: Any) -> None:
     p.add_argument("--rpm", metavar="N", help="limit: requests per minute through this key")
     p.add_argument("--tpm", metavar="N", help="limit: tokens per minute through this key")
     p.add_argument("--concurrency", metavar="N", help="limit: requests in flight at once through this key")
+    p.add_argument(
+        "--budget",
+        metavar="TABLE",
+        action="append",
+        default=[],
+        help="a budget of this key, on top of its principal's, as in a config file: '{ period = \"day\", "
+        "cost = 20, alerts = [0.8, 1.0] }'; repeat it for more periods",
+    )
     finish_command(p, _cmd_keys_create)
     p = keys_sub.add_parser("revoke", help="revoke a key by id or name")
     p.add_argument("key", help="key id or name")
@@ -54,6 +66,23 @@ def _limit_arg(flag: str, raw: str | None) -> int | None:
     return value
 
 
+def _budgets_arg(tables: list[str]) -> tuple[BudgetSpec, ...]:
+    """Each ``--budget`` TOML inline table, checked by the config file's own rules."""
+    values = []
+    for text in tables:
+        try:
+            values.append(tomllib.loads(f"budget = {text}")["budget"])
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"--budget {text!r} is not a TOML inline table ({exc})") from None
+        if not isinstance(values[-1], dict):
+            raise ConfigError(f'--budget {text!r} is not a table such as {{ period = "day", cost = 20 }}')
+    p = Problems()
+    budgets = parse_budgets(p, "--budget", {"budgets": values})
+    if p.lines:  # "--budget[1].period: ...": the second --budget given
+        raise ConfigError("\n".join(line.replace("--budget.budgets", "--budget") for line in p.lines))
+    return budgets
+
+
 def _cmd_keys_create(args: argparse.Namespace) -> int:
     expires_at: float | None = None
     if args.expires is not None:
@@ -73,6 +102,7 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
         _limit_arg("--tpm", args.tpm),
         _limit_arg("--concurrency", args.concurrency),
     )
+    budgets = _budgets_arg(args.budget)
     settings = settings_from_args(args)
     hash_key = store_hash_key(settings)
     with open_store(settings) as store:
@@ -83,6 +113,7 @@ def _cmd_keys_create(args: argparse.Namespace) -> int:
             hash_key,
             None if limits.is_empty() else limits,
             actor=cli_actor(),
+            budgets=budgets,
         )
     print(secret)
     print(f"created key {key_id} for {args.principal}; the secret above is shown only once", file=sys.stderr)
@@ -101,7 +132,18 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
         keys = store.list_keys(args.principal)
     now = time.time()
     print_table(
-        ("ID", "NAME", "PRINCIPAL", "HASH", "STATUS", "CREATED", "EXPIRES", "MANAGED_BY", "LIMITS"),
+        (
+            "ID",
+            "NAME",
+            "PRINCIPAL",
+            "HASH",
+            "STATUS",
+            "CREATED",
+            "EXPIRES",
+            "MANAGED_BY",
+            "LIMITS",
+            "BUDGETS",
+        ),
         [
             (
                 k.id,
@@ -113,6 +155,7 @@ def _cmd_keys_list(args: argparse.Namespace) -> int:
                 utc_time(k.expires_at),
                 k.managed_by,
                 limits_text(k.limits),
+                budgets_text(k.budgets),
             )
             for k in keys
         ],

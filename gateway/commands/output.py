@@ -1,5 +1,5 @@
-"""How the ``gateway`` subcommands show themselves: tables, times and limits as text, and the actor they
-write the audit log as. I/O: stdout (``print_table``).
+"""How the ``gateway`` subcommands show themselves: tables, times, limits and budgets as text, and the
+actor they write the audit log as. I/O: stdout (``print_table``).
 """
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import getpass
 import os
 from datetime import UTC, datetime
 
-from gateway.controlplane.config.specs import LimitsSpec
+from gateway.controlplane.config.specs import BudgetSpec, LimitsSpec
 
-__all__ = ["cli_actor", "limits_text", "print_table", "utc_time"]
+__all__ = ["budgets_text", "cli_actor", "limits_text", "print_table", "utc_time"]
 
 
 def cli_actor() -> str:
@@ -36,6 +36,18 @@ def limits_text(spec: LimitsSpec | None) -> str:
         for name, value in zip(("rpm", "tpm", "concurrency"), values, strict=True)
         if value is not None
     )
+
+
+def budgets_text(specs: tuple[BudgetSpec, ...]) -> str:
+    """Budgets in a table cell: ``day:tokens=1000;month:cost=300``."""
+    if not specs:
+        return "-"
+    parts = []
+    for spec in specs:
+        caps = [f"tokens={spec.tokens}"] if spec.tokens is not None else []
+        caps += [f"cost={spec.cost:.15g}"] if spec.cost is not None else []
+        parts.append(f"{spec.period}:" + ",".join(caps))
+    return ";".join(parts)
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -49,7 +49,9 @@ def register(sub: Any) -> None:
     )
     finish_command(prune, _cmd_usage_prune)
 
-    p = sub.add_parser("budgets", help="show each budget's spend in its current period")
+    p = sub.add_parser(
+        "budgets", help="show every budget of every principal and key: its spend in its current period"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     finish_command(p, _cmd_budgets)
 
@@ -113,10 +115,11 @@ def _cmd_budgets(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
     print_table(
-        ("PRINCIPAL", "PERIOD", "RESETS", "TOKENS", "TOKEN_LIMIT", "COST", "COST_LIMIT", "STATUS"),
+        ("PRINCIPAL", "KEY", "PERIOD", "RESETS", "TOKENS", "TOKEN_LIMIT", "COST", "COST_LIMIT", "STATUS"),
         [
             (
                 b["principal"],
+                b["key"] or "-",
                 b["period"],
                 utc_time(b["window_end"]),
                 str(b["tokens"]),

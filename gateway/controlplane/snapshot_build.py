@@ -21,9 +21,11 @@ principal or key whose limits cannot be read is skipped like any bad row, so tha
 its requests fail rather than run unlimited.
 
 A priced model or provider model gives its route (and its aliases' routes) ``"price": [input, output,
-cached_input]`` per million tokens; a principal with a budget gets ``"budget": {"period": .., "tokens": ..,
-"cost": ..}``. An unreadable price is skipped (the model costs nothing); an unreadable budget skips its
-principal, like unreadable limits.
+cached_input]`` per million tokens; a principal or key with budgets gets ``"budgets": [{"period": ..,
+"tokens": .., "cost": .., "alerts": [..]}, ...]`` in their declared order (a key also its ``"name"``; a
+principal also ``"budget"``, its first, which proxy hosts of an earlier version read). An unreadable price
+is skipped (the model costs nothing); an unreadable budget skips its principal or key, like unreadable
+limits.
 """
 
 from __future__ import annotations
@@ -33,13 +35,14 @@ import logging
 import math
 import re
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
 import orjson
 
-from gateway.budget import check_period
+from gateway.budget import MAX_BUDGETS, check_period
 from gateway.controlplane.config.routing import rule_when_doc
 from gateway.controlplane.config.routing_rows import RoutingRows, routing_from_rows
 from gateway.controlplane.config.specs import PROTOCOLS
@@ -129,7 +132,7 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     routes, aliases_of = _routes(state, backends, skip)
     pools = _pools(routing, routes, skip)
     _rules(routing, routes, pools, skip)
-    principals = _principals(state, routes, aliases_of, skip, routing.alerts)
+    principals = _principals(state, routes, aliases_of, skip)
     # Pattern aliases were routes like the others until now (rules, prices and grants reach them the same
     # way); the data plane tries them only when no route has the exact name, most specific first: the
     # longest pattern, then by name (the store keeps no config order).
@@ -428,9 +431,29 @@ def _price(values: Sequence[object]) -> list[float] | None:
     return [inp, out, cached]
 
 
+def _budgets(rows: Sequence[Sequence[object]]) -> dict[object, list[dict[str, Any]] | str]:
+    """Each owner's budgets from ``(owner id, period, tokens, cost, alerts)`` rows in declared order, or
+    why they cannot be read (then the owner is skipped, as for unreadable limits)."""
+    out: dict[object, list[dict[str, Any]] | str] = defaultdict(list)
+    for owner, *values in rows:
+        found = out[owner]
+        if isinstance(found, str):
+            continue
+        try:
+            budget = _budget(values)
+        except ValueError as exc:
+            out[owner] = str(exc)
+            continue
+        if len(found) == MAX_BUDGETS or any(b["period"] == budget["period"] for b in found):
+            out[owner] = f"more than one budget of period {budget['period']!r}, or more than {MAX_BUDGETS}"
+        else:
+            found.append(budget)
+    return dict(out)
+
+
 def _budget(values: Sequence[object]) -> dict[str, Any]:
-    """The document's budget from a row's three budget columns; ValueError when unreadable."""
-    period, tokens, cost = values
+    """The document's budget from a row's four budget columns; ValueError when unreadable."""
+    period, tokens, cost, alerts = values
     if check_period(period) is not None:
         raise ValueError(f"unreadable budget period {period!r}")
     if tokens is not None and check_limit(tokens) is not None:
@@ -444,6 +467,17 @@ def _budget(values: Sequence[object]) -> dict[str, Any]:
         budget["tokens"] = tokens
     if cost is not None:
         budget["cost"] = float(cost)  # type: ignore[arg-type]
+    if alerts is not None:
+        try:
+            thresholds = orjson.loads(alerts) if isinstance(alerts, str) else None
+        except orjson.JSONDecodeError:
+            thresholds = None
+        if not isinstance(thresholds, list) or not all(
+            isinstance(a, int | float) and not isinstance(a, bool) and 0 < a <= 1 for a in thresholds
+        ):
+            raise ValueError(f"unreadable budget alerts {alerts!r}")
+        if thresholds:
+            budget["alerts"] = sorted(float(a) for a in thresholds)
     return budget
 
 
@@ -475,7 +509,6 @@ def _principals(
     routes: dict[str, dict[str, Any]],
     aliases_of: dict[str, list[str]],
     skip: _Skips,
-    alerts: dict[str, tuple[float, ...]],
 ) -> dict[str, dict[str, Any]]:
     permissions: dict[str, set[str]] = {}
     for name in state.roles:
@@ -518,17 +551,16 @@ def _principals(
                 continue
             if own is not None:
                 limits.setdefault(pid, {}).setdefault("model_limits", {})[model] = own
-    for pid, *budget_values in state.budgets:
+    for pid, budgets in _budgets(state.budgets).items():
         if pid not in names:
             continue
-        try:
-            limits.setdefault(pid, {})["budget"] = _budget(budget_values)
-            if names[pid] in alerts:
-                limits[pid]["budget"]["alerts"] = list(alerts[names[pid]])
-        except ValueError as exc:
-            skip(f"principal {pid!r}", str(exc))
+        if isinstance(budgets, str):
+            skip(f"principal {pid!r}", budgets)
             del names[pid]
             limits.pop(pid, None)
+        elif budgets:
+            # "budget": the first again, for proxy hosts not upgraded yet (they read only that one).
+            limits.setdefault(pid, {}).update(budgets=budgets, budget=budgets[0])
     held: dict[str, set[str]] = {pid: set() for pid in names}
     roles_of: dict[str, set[str]] = {}
     for pid, role in state.principal_roles:
@@ -584,6 +616,7 @@ def _keys(
     rules: dict[str, dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
+    budgets_of = _budgets(state.key_budgets)
     for key_id, name, pid, key_hash, _created, expires_at, revoked_at, _by, *limit_values in state.keys:
         if revoked_at is not None:
             continue
@@ -609,11 +642,19 @@ def _keys(
         if key_hash in out:
             skip(f"key {key_id!r}", "hash duplicates another key's")
             continue
+        budgets = budgets_of.get(key_id)
+        if isinstance(budgets, str):
+            skip(f"key {key_id!r}", budgets)
+            continue
         entry: dict[str, Any] = {"id": str(key_id), "principal": pid, "expires_at": expires}
         if limits is not None:
             entry["limits"] = limits
         if name is not None and name in rules:
             entry["name"] = name
             entry.update(rules[name])
+        if budgets:
+            entry["budgets"] = budgets
+            if name is not None:
+                entry["name"] = name  # alerts and the dry run name the key
         out[key_hash] = entry
     return out

@@ -43,6 +43,7 @@ import orjson
 from granian.constants import Interfaces, SSLProtocols
 from granian.server.embed import Server
 
+from gateway.budget import Budget
 from gateway.config import Settings, load_hash_key
 from gateway.controlplane.api.admin import AdminApi
 from gateway.controlplane.api.cluster import ClusterApp
@@ -389,6 +390,11 @@ class ControlWorker:
     def principal_names(self) -> dict[str, str]:
         return self.sink.principal_names if self.sink is not None else {}
 
+    def budget_spend(self, budget: Budget, now: float) -> tuple[int, int]:
+        """A budget's current window spend in this host's bucket table (live plus base), for the dry run."""
+        assert self.sink is not None
+        return self.sink.table.spend(budget.key_at(self.sink.epoch, now))
+
     def store_usage(self, records: list[UsageRecord]) -> None:
         assert self.sink is not None
         self.sink.write(records)
@@ -548,7 +554,7 @@ class ControlWorker:
         self._from_last_known_good = False
         self._write_last_known_good(blob)
         if self.sink is not None:
-            self.sink.set_budgets(doc["principals"])
+            self.sink.set_budgets(doc["principals"], doc.get("keys"))
         log.info(
             "published snapshot generation %d (revision %d, %d bytes, %d skipped) in %.1f ms",
             generation,

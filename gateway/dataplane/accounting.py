@@ -1,10 +1,11 @@
 """Everything the request path does around a forwarded request for limits, budgets and usage.
 
 ``admit`` runs after authorisation and model resolution, before anything is sent upstream: the budget
-check (402), the rate limits (429), and a request id. ``settle`` runs as the answer ends, before the client
-can see its end (the tap calls it just before a whole answer or a stream's last bytes go out): it reads the
-usage from the response's tail, settles the token reservation, gives concurrency back and adds the spend to
-the principal's budget, so that the client's next request already meets them. ``finish`` runs once the
+checks (402: every budget of the principal and of the key, one window each), the rate limits (429), and a
+request id. ``settle`` runs as the answer ends, before the client can see its end (the tap calls it just
+before a whole answer or a stream's last bytes go out): it reads the usage from the response's tail,
+settles the token reservation, gives concurrency back and adds the spend to every one of those budgets,
+so that the client's next request already meets them. ``finish`` runs once the
 answer has ended, however it ended: it settles if that has not happened (an error, a cut stream) and pushes
 one usage record to the control worker, and, for a request a ``[[body_logs]]`` entry picked, its bodies
 (``body_log``). I/O: none (shared memory only).
@@ -72,7 +73,9 @@ class Settled(NamedTuple):
     total: int
     source: str  # "reported" | "estimated" | "none"
     cost: int  # in nano-units of the price's currency
-    budget_key: int | None  # the live spend counter charged; None when none was
+    # The live spend counters charged, one per budget window; None when none was.
+    principal_keys: tuple[int, ...] | None  # the principal's budgets'
+    key_keys: tuple[int, ...] | None  # the key's own budgets'
 
 
 @dataclass(slots=True)
@@ -242,14 +245,13 @@ class Accounting:
         default: int,
         client_request_id: str | None = None,
     ) -> Exchange | Unmetered:
-        """Check the budget and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
-        budget = key.principal.budget
-        budgets = self.budgets
-        if budget is not None and budgets is not None:
-            budgets.check(budget, time.time())
+        """Check the budgets and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
+        budgets = key.budgets
+        if budgets is not None and self.budgets is not None:
+            self.budgets.check(budgets, time.time())
         prompt, estimate = estimate_tokens(body_len, max_tokens, default)
         ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
-        if ticket is None and self.usage is None and (budget is None or budgets is None):
+        if ticket is None and self.usage is None and (budgets is None or self.budgets is None):
             return UNMETERED
         request_id = self.usage.request_id() if self.usage is not None else ""
         headers = ticket.headers if ticket is not None else []
@@ -278,7 +280,7 @@ class Accounting:
 
     def settle(self, ex: Exchange, tap: ResponseTap, status: int) -> None:
         """Count what the answer used (once): settle the token reservation and give the concurrency
-        places back, add the spend to the budget."""
+        places back, add the spend to the budgets."""
         if ex.settled is not None:
             return
         usage = tap.usage()
@@ -305,19 +307,19 @@ class Accounting:
             source = "none"
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
-        budget_key = None
-        budget = ex.key.principal.budget
+        live: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+        budgets = ex.key.budgets
         # A shared table that fails (it is full) is logged, not raised: the answer still goes out and its
-        # record is still written; a spend the live counter missed reaches the budget through the store
-        # (the record then names no live counter, so the control worker folds it into the base).
+        # record is still written; a spend the live counters missed reaches the budgets through the store
+        # (the record then names no live counter, so the control worker folds it into the bases).
         try:
             if ex.ticket is not None and self.limiter is not None:
                 self.limiter.finish(ex.ticket, used)
-            if budget is not None and self.budgets is not None:
-                budget_key = self.budgets.charge(budget, time.time(), total, cost)
+            if budgets is not None and self.budgets is not None:
+                live = self.budgets.charge(budgets, time.time(), total, cost, ex.request_id or "-")
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
-        ex.settled = Settled(prompt, completion, cached, total, source, cost, budget_key)
+        ex.settled = Settled(prompt, completion, cached, total, source, cost, *live)
 
     def live_doc(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` requests in flight, oldest first, for the worker's statistics slot."""
@@ -355,7 +357,7 @@ class Accounting:
             self.settle(ex, tap, status)
         if self.usage is not None:
             assert ex.settled is not None
-            prompt, completion, cached, total, source, cost, budget_key = ex.settled
+            prompt, completion, cached, total, source, cost, principal_keys, key_keys = ex.settled
             record = encode_record(
                 UsageRecord(
                     ex.request_id,
@@ -373,7 +375,7 @@ class Accounting:
                     cost,
                     (ended - ex.started) * 1000.0,
                     None if tap.started is None else (tap.started - ex.started) * 1000.0,
-                    budget_key,
+                    principal_keys,
                     ex.client_request_id,
                     attempts,
                     ex.tag,
@@ -381,6 +383,7 @@ class Accounting:
                     ex.rule,
                     ex.trace,
                     ex.span,
+                    key_keys,
                 )
             )
             if len(record) > self.max_record:

@@ -167,6 +167,8 @@ def test_sign_in_create_a_key_use_it_see_its_usage_and_revoke_it(
     page.select_option("#create-key select[name=principal]", "alice")
     page.fill("#create-key input[name=name]", XSS_KEY)
     page.fill("#create-key input[name=requests_per_minute]", "600")
+    page.fill("#create-key input[name=period]", "day")
+    page.fill("#create-key input[name=budget_tokens]", "100000")  # the key's own, on top of alice's
     page.click("#create-key button[type=submit]")
     secret = page.locator("#new-secret").inner_text()
     assert secret.startswith("sk-gw-")
@@ -174,9 +176,10 @@ def test_sign_in_create_a_key_use_it_see_its_usage_and_revoke_it(
     expect(key_row).to_have_count(1)
     expect(key_row.locator("td").first).to_have_text(XSS_KEY)
     expect(key_row).to_contain_text("rpm 600")
-    expect(key_row.locator("td").nth(7)).to_have_text("admin API / UI")  # not "cli" (issue 20, item 9)
+    expect(key_row.locator("td").nth(7)).to_contain_text("100,000 tokens per day")
+    expect(key_row.locator("td").nth(8)).to_have_text("admin API / UI")  # not "cli" (issue 20, item 9)
     cli_row = page.locator("#keys tbody tr", has_text="ops").first
-    expect(cli_row.locator("td").nth(7)).to_have_text("gateway keys create")
+    expect(cli_row.locator("td").nth(8)).to_have_text("gateway keys create")
     expect(page.locator("#principals tbody td:first-child", has_text=XSS_PRINCIPAL)).to_have_count(1)
     no_markup_ran(page)
     page.click("#secret-slot button.link")

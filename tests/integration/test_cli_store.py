@@ -67,6 +67,10 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
         "20",
         "--concurrency",
         "2",
+        "--budget",
+        '{ period = "day", tokens = 5000, alerts = [0.5] }',
+        "--budget",
+        '{ period = "month", cost = 2.5 }',
     )
     secret = _ok(created).strip()
     assert secret.startswith("sk-gw-")
@@ -78,6 +82,12 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     assert (entry.principal.name, entry.expires_at) == ("alice", 4102444800.0)
     assert entry.limits is not None
     assert (entry.limits.rpm, entry.limits.tpm, entry.limits.concurrency) == (20, None, 2)
+    assert entry.budgets is not None and [
+        (b.period, b.tokens, b.cost, b.alerts) for b in entry.budgets.key
+    ] == [
+        ("day", 5000, None, (0.5,)),
+        ("month", None, 2_500_000_000, ()),
+    ]
     assert entry.id in created.stderr
     assert snap.backends["sglang-a"].api_key == "sk-sglang"
     assert snap.routes["gpt-4o-mini"].canonical == "chat"
@@ -94,11 +104,17 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
         "EXPIRES",
         "MANAGED_BY",
         "LIMITS",
+        "BUDGETS",
     ]
-    assert sorted((r.split()[1], r.split()[4], r.split()[8]) for r in rows) == [
-        ("alice-laptop", "active", "-"),
-        ("k1", "active", "rpm=20,concurrency=2"),
+    assert sorted((r.split()[1], r.split()[4], r.split()[8], r.split()[9]) for r in rows) == [
+        ("alice-laptop", "active", "-", "-"),
+        ("k1", "active", "rpm=20,concurrency=2", "day:tokens=5000;month:cost=2.5"),
     ]
+    # A budget the config file would refuse is refused here too, with the file's words.
+    bad = _gateway(
+        data, "keys", "create", "--principal", "alice", "--budget", '{ period = "week", tokens = 1 }'
+    )
+    assert bad.returncode == 2 and "--budget[0].period: must be" in bad.stderr
     assert secret not in listed
 
     _ok(_gateway(data, "keys", "revoke", "k1"))
@@ -107,17 +123,18 @@ def test_apply_create_list_revoke_export(tmp_path: Path) -> None:
     assert hash_secret(secret, bytes.fromhex(HASH_KEY_HEX)) not in _snapshot(data).keys
 
     header, *rows = _ok(_gateway(data, "principals", "list")).splitlines()
-    assert header.split() == ["ID", "NAME", "ROLES", "ACTIVE_KEYS", "LIMITS", "MODEL_LIMITS"]
+    assert header.split() == ["ID", "NAME", "ROLES", "ACTIVE_KEYS", "LIMITS", "MODEL_LIMITS", "BUDGETS"]
     assert sorted(tuple(line.split()[1:]) for line in rows) == [
-        ("alice", "user", "1", "rpm=60,tpm=100000,concurrency=4", "chat(rpm=30)"),
+        ("alice", "user", "1", "rpm=60,tpm=100000,concurrency=4", "chat(rpm=30)", "-"),
         (
             "batch-jobs",
             "llama-only,user",
             "1",
             "tpm=2000000",
             "chat(tpm=500000);llama-3.1-8b(concurrency=16)",
+            "-",
         ),
-        ("ops", "admin", "0", "-", "-"),
+        ("ops", "admin", "0", "-", "-", "-"),
     ]
 
     exported = _ok(_gateway(data, "export"))

@@ -454,11 +454,19 @@ def _healthz(gw: Gateway) -> str:
         return ""
 
 
-def test_a_budget_counts_every_host(cluster: Cluster, mock_engine: MockEngine) -> None:
-    """1000 tokens a day, 400-token answers, spread over two proxy hosts: the third request crosses the
-    budget on the host that had seen only its own, and after that both hosts refuse."""
+@pytest.mark.parametrize(
+    ("principal", "own"),
+    [("capped", ()), ("limited", ("--budget", '{ period = "day", tokens = 1000 }'))],
+    ids=["principal", "key"],
+)
+def test_a_budget_counts_every_host(
+    cluster: Cluster, mock_engine: MockEngine, principal: str, own: tuple[str, ...]
+) -> None:
+    """1000 tokens a day (the principal's budget, or the key's own), 400-token answers, spread over two
+    proxy hosts: the third request crosses the budget on the host that had seen only its own, and after
+    that both hosts refuse."""
     mock_engine.configure(tokens=1000)
-    key = cluster.cli("keys", "create", "--principal", "capped")
+    key = cluster.cli("keys", "create", "--principal", principal, *own)
     first, second = cluster.proxies
 
     def ask(proxy: Gateway) -> int:

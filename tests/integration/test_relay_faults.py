@@ -133,7 +133,7 @@ def test_an_abandoned_stream_is_counted_priced_charged_and_names_its_backend(
         assert read <= rec.completion_tokens < 300, rec
         assert rec.prompt_tokens > 0 and rec.total_tokens == rec.prompt_tokens + rec.completion_tokens
         assert rec.cost_nanos == rec.total_tokens * 1_000_000  # priced: a thousandth a token
-        assert rec.budget_key is not None
+        assert rec.budget_keys is not None and len(rec.budget_keys) == 1
         # Charged to the budget (60 tokens): the next request is refused.
         r2 = httpx.post(gw.url + "/v1/chat/completions", content=body(max_tokens=3), headers=auth(key))
         assert r2.status_code == 402, r2.text

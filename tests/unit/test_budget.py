@@ -8,7 +8,20 @@ from datetime import UTC, datetime
 import pytest
 
 import gateway.budget
-from gateway.budget import NANOS, Budget, Price, check_period, format_money, period_window, window_key
+from gateway.budget import (
+    KEY_OWNER,
+    MAX_BUDGETS,
+    NANOS,
+    Budget,
+    BudgetSet,
+    Price,
+    budgets_from_doc,
+    check_period,
+    exceeded_message,
+    format_money,
+    period_window,
+    window_key,
+)
 
 GENERIC = 'must be "day", "month", or a fixed window such as "6h" or "7d"'
 TOO_SHORT = "a fixed window must be at least 60 seconds long"
@@ -373,3 +386,79 @@ def test_window_key_is_a_nonzero_64_bit_int() -> None:
     assert all(isinstance(k, int) and 0 < k < 2**64 for k in keys)
     # The start is keyed to the second: a fractional start names the same window.
     assert window_key("e1", "p1", "6h", T0 + 0.25) == window_key("e1", "p1", "6h", T0)
+
+
+# --- several budgets: a principal's and a key's ---------------------------------------------------------
+
+
+def test_budgets_from_doc_reads_the_list_and_the_older_single_form() -> None:
+    doc = {"budgets": [{"period": "day", "cost": 20, "alerts": [1.0, 0.8]}, {"period": "month", "tokens": 9}]}
+    assert budgets_from_doc("p1", doc) == (
+        Budget("p1", "day", None, 20 * NANOS, (0.8, 1.0)),
+        Budget("p1", "month", 9, None),
+    )
+    # A document written before there could be several: its one budget.
+    assert budgets_from_doc("p1", {"budget": {"period": "day", "tokens": 5}}) == (
+        Budget("p1", "day", 5, None),
+    )
+    assert budgets_from_doc("p1", {}) == ()
+    # Unreadable entries, a second of the same period and those past MAX_BUDGETS are left out.
+    messy = [{"period": "week", "tokens": 1}, {"period": "day", "tokens": 1}, {"period": "day", "tokens": 2}]
+    assert budgets_from_doc("p1", {"budgets": messy}) == (Budget("p1", "day", 1, None),)
+    many = [{"period": f"{h}h", "tokens": 1} for h in range(1, 7)]
+    assert len(budgets_from_doc("p1", {"budgets": many})) == MAX_BUDGETS
+    # Thresholds outside (0, 1] are dropped.
+    (odd,) = budgets_from_doc(
+        "p1", {"budgets": [{"period": "day", "tokens": 1, "alerts": [0, 2, 0.5, True]}]}
+    )
+    assert odd.alerts == (0.5,)
+
+
+def test_a_key_s_budget_has_its_own_counter_and_says_whose_it_is() -> None:
+    mine = Budget(KEY_OWNER + "k1", "6h", 10, None)
+    assert mine.key_id == "k1" and Budget("p1", "6h", 10, None).key_id is None
+    # Never the counter of a principal whose id is the key's.
+    assert mine.key_at("e1", T0) != Budget("k1", "6h", 10, None).key_at("e1", T0)
+    assert "this API key has used 10 of 10 tokens in its 6h budget period" in exceeded_message(
+        mine, 10, 0, T0
+    )
+    assert exceeded_message(Budget("p1", "day", None, 5 * NANOS), 0, 6 * NANOS, T0) == (
+        "Budget exceeded: this principal has used 6.000000 of 5.000000 (cost) in its day budget period, "
+        "which resets at 2025-01-02T00:00:00Z."
+    )
+
+
+def test_budget_used_is_the_larger_share() -> None:
+    assert Budget("p1", "day", 100, 1000).used(50, 900) == 0.9
+    assert Budget("p1", "day", 100, None).used(150, 10**9) == 1.5
+
+
+def test_budget_set_caches_every_window_until_the_first_rolls_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    day, hour = Budget("p1", "day", 10, None), Budget("p1", "1h", 5, None)
+    own = Budget(KEY_OWNER + "k1", "6h", 3, None)
+    budgets = BudgetSet((day, hour), (own,))
+    windows = budgets.windows_at("e1", T0)
+    assert windows == (
+        (day, day.key_at("e1", T0)),
+        (hour, hour.key_at("e1", T0)),
+        (own, own.key_at("e1", T0)),
+    )
+    live = budgets.live_keys("e1", T0)
+    assert live == ((windows[0][1], windows[1][1]), (windows[2][1],))
+    # The same objects while every window holds: nothing is built per request.
+    calls: list[object] = []
+    monkeypatch.setattr(gateway.budget, "window_key", lambda *a: calls.append(a) or 1)
+    assert budgets.windows_at("e1", T0 + 3599) is windows
+    assert budgets.live_keys("e1", T0 + 3599) is live
+    assert calls == []
+    # The hour rolls over: only its key is computed again.
+    rolled = budgets.windows_at("e1", T0 + 3600)
+    assert rolled[1] == (hour, 1) and rolled[0] == windows[0] and rolled[2] == windows[2]
+    assert calls == [("e1", "p1", "1h", T0 + 3600)]
+    assert budgets.live_keys("e1", T0 + 3600) == ((windows[0][1], 1), (windows[2][1],))
+    # Another table's epoch names other counters.
+    monkeypatch.undo()
+    assert BudgetSet((day,), ()).live_keys("e2", T0) == (
+        (window_key("e2", "p1", "day", T0 - 6 * 3600),),
+        None,
+    )

@@ -515,19 +515,18 @@ def test_prices_and_budgets_parse_with_defaults() -> None:
     doc = parse_config(data, "cfg.toml")
     assert [pm.price for pm in doc.provider_models] == [PriceSpec(1.0, 2.0, None), None]
     assert doc.models[0].price == PriceSpec(0.15, 0.6, 0.075)
-    assert [pr.budget for pr in doc.principals] == [
-        BudgetSpec("month", 1_000_000, None),  # the period defaults to a calendar month
-        BudgetSpec("7d", None, 50.0),
-        BudgetSpec("day", 5, 0.5),
+    assert [pr.budgets for pr in doc.principals] == [
+        (BudgetSpec("month", 1_000_000, None),),  # the period defaults to a calendar month
+        (BudgetSpec("7d", None, 50.0),),
+        (BudgetSpec("day", 5, 0.5),),
     ]
     # Integers in the file become floats (prices, costs); tokens stay integers.
     pm_price = doc.provider_models[0].price
     assert pm_price is not None and type(pm_price.input) is float and type(pm_price.output) is float
-    bob_budget = doc.principals[1].budget
-    assert bob_budget is not None and type(bob_budget.cost) is float
+    assert type(doc.principals[1].budgets[0].cost) is float
     # Without a price or budget, nothing is set.
     assert parse_config(BASE, "base").models[0].price is None
-    assert parse_config(BASE, "base").principals[0].budget is None
+    assert parse_config(BASE, "base").principals[0].budgets == ()
 
 
 def test_price_as_list_resolves_the_cached_price() -> None:
@@ -542,7 +541,7 @@ def test_price_and_budget_bounds_are_inclusive() -> None:
     data["principals"][0]["budget"] = {"period": "60s", "tokens": MAX_LIMIT, "cost": MAX_BUDGET_COST}
     doc = parse_config(data, "cfg.toml")
     assert doc.models[0].price == PriceSpec(0.0, 1_000_000.0, 0.0)
-    assert doc.principals[0].budget == BudgetSpec("60s", 10**12, 1e9)
+    assert doc.principals[0].budgets == (BudgetSpec("60s", 10**12, 1e9),)
 
 
 @pytest.mark.parametrize(
@@ -662,8 +661,8 @@ def test_dump_then_parse_round_trips_prices_and_budgets() -> None:
         models=(replace(base.models[0], price=PriceSpec(0.15, 0.6, 0.075)),),
         roles=base.roles,
         principals=(
-            replace(base.principals[0], budget=BudgetSpec("month", 1_000_000)),
-            PrincipalSpec("bob", (), LimitsSpec(5), (), BudgetSpec("90s", 7, 0.1 + 0.2)),
+            replace(base.principals[0], budgets=(BudgetSpec("month", 1_000_000),)),
+            PrincipalSpec("bob", (), LimitsSpec(5), (), (BudgetSpec("90s", 7, 0.1 + 0.2),)),
         ),
         keys=base.keys,
     )
@@ -708,12 +707,66 @@ def test_budget_alerts_parse_sorted_and_round_trip() -> None:
     data = copy.deepcopy(BASE)
     data["principals"][0]["budget"] = {"period": "day", "tokens": 10, "alerts": [1.0, 0.5]}
     doc = parse_config(data, "base")
-    assert doc.principals[0].budget == BudgetSpec("day", 10, None, (0.5, 1.0))
+    assert doc.principals[0].budgets == (BudgetSpec("day", 10, None, (0.5, 1.0)),)
     assert parse_config(tomllib.loads(dump_config(doc)), "dumped") == doc
     for bad, why in (([0], "must be an array of fractions"), ([0.5, 0.5], "lists a threshold twice")):
         data["principals"][0]["budget"]["alerts"] = bad
         with pytest.raises(ConfigError, match=why):
             parse_config(data, "cfg.toml")
+
+
+def test_several_budgets_of_principals_and_keys_parse_in_order_and_round_trip() -> None:
+    data = copy.deepcopy(BASE)
+    # The single form is one of them, and comes first.
+    data["principals"][0]["budget"] = {"period": "month", "cost": 300, "alerts": [0.8, 1.0]}
+    data["principals"][0]["budgets"] = [{"period": "day", "cost": 20}, {"period": "6h", "tokens": 5000}]
+    data["keys"][0]["budgets"] = [{"period": "day", "tokens": 1000, "alerts": [0.5]}]
+    doc = parse_config(data, "cfg.toml")
+    assert doc.principals[0].budgets == (
+        BudgetSpec("month", None, 300.0, (0.8, 1.0)),
+        BudgetSpec("day", None, 20.0),
+        BudgetSpec("6h", 5000, None),
+    )
+    assert doc.keys[0].budgets == (BudgetSpec("day", 1000, None, (0.5,)),)
+    text = dump_config(doc)
+    assert (
+        'budgets = [{ period = "month", cost = 300.0, alerts = [0.8, 1.0] }, '
+        '{ period = "day", cost = 20.0 }, { period = "6h", tokens = 5000 }]'
+    ) in text.splitlines()
+    assert 'budget = { period = "day", tokens = 1000, alerts = [0.5] }' in text.splitlines()  # one: as before
+    assert parse_config(tomllib.loads(text), "dumped") == doc
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"budget": {"period": "day", "tokens": 1}, "budgets": [{"period": "day", "cost": 2}]},
+            "principals[0].budgets[0].period: another budget has the period 'day' (principals[0].budget)",
+        ),
+        (
+            {"budgets": [{"period": p, "tokens": 1} for p in ("day", "month", "1h", "2h", "3h")]},
+            "principals[0].budgets: at most 4 budgets (one per period)",
+        ),
+        ({"budgets": {"period": "day"}}, "principals[0].budgets: must be an array of budget tables"),
+        ({"budgets": [{"period": "day"}]}, "principals[0].budgets[0]: needs tokens, cost, or both"),
+        ({"budgets": [{"period": "week", "cost": 1}]}, "principals[0].budgets[0].period: must be"),
+    ],
+)
+def test_bad_budgets_are_reported_by_place(fields: dict[str, Any], expected: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["principals"][0].update(fields)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.toml")
+    assert any(line.startswith(f"cfg.toml: {expected}") for line in info.value.message.splitlines())
+    data = copy.deepcopy(BASE)
+    data["keys"][0].update(fields)  # a key's budgets obey the same rules
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "cfg.toml")
+    assert any(
+        line.startswith(f"cfg.toml: {expected.replace('principals[0]', 'keys[0]')}")
+        for line in info.value.message.splitlines()
+    )
 
 
 def test_a_credentials_row_fields_are_not_backend_fields() -> None:

@@ -347,7 +347,8 @@ def test_ten_thousand_keys(store: Store) -> None:
 
 
 def _priced(doc: ConfigDoc) -> ConfigDoc:
-    """``doc`` with llama-8b and chat priced (chat without a cached price) and budgets for alice and bob."""
+    """``doc`` with llama-8b and chat priced (chat without a cached price), budgets for alice (a month and
+    a day) and bob, and one of her key's own."""
     llama, qwen = doc.provider_models
     chat, small = doc.models
     alice, bob, *others = doc.principals
@@ -356,10 +357,14 @@ def _priced(doc: ConfigDoc) -> ConfigDoc:
         provider_models=(replace(llama, price=PriceSpec(1.0, 2.0, 0.5)), qwen),
         models=(replace(chat, price=PriceSpec(0.15, 0.6)), small),
         principals=(
-            replace(alice, budget=BudgetSpec("month", 1_000_000, 50.0)),
-            replace(bob, budget=BudgetSpec("6h", 5000)),
+            replace(
+                alice,
+                budgets=(BudgetSpec("month", 1_000_000, 50.0, (0.8, 1.0)), BudgetSpec("day", None, 5.0)),
+            ),
+            replace(bob, budgets=(BudgetSpec("6h", 5000),)),
             *others,
         ),
+        keys=(replace(doc.keys[0], budgets=(BudgetSpec("day", 2000, None, (0.5,)),)),),
     )
 
 
@@ -395,44 +400,65 @@ def test_prices_in_the_routes(priced: Store) -> None:
     assert chat_price is not None and chat_price.cost(10, 0, 0) == 1500
 
 
-def test_budgets_in_the_principals(priced: Store) -> None:
+def test_budgets_in_the_principals_and_keys(priced: Store) -> None:
     doc = build_snapshot_doc(priced)
     by_name = {p["name"]: p for p in doc["principals"].values()}
-    assert by_name["alice"]["budget"] == {"period": "month", "tokens": 1_000_000, "cost": 50.0}
-    assert by_name["bob"]["budget"] == {"period": "6h", "tokens": 5000}
-    assert [name for name, p in by_name.items() if "budget" in p] == ["alice", "bob"]
-    # The budget sits beside the limits, which are unchanged.
+    assert by_name["alice"]["budgets"] == [
+        {"period": "month", "tokens": 1_000_000, "cost": 50.0, "alerts": [0.8, 1.0]},
+        {"period": "day", "cost": 5.0},
+    ]
+    assert by_name["bob"]["budgets"] == [{"period": "6h", "tokens": 5000}]
+    # The first again as "budget", which proxy hosts of the version before read.
+    assert by_name["alice"]["budget"] == by_name["alice"]["budgets"][0]
+    assert [name for name, p in by_name.items() if "budgets" in p] == ["alice", "bob"]
+    # The budgets sit beside the limits, which are unchanged.
     assert by_name["alice"]["limits"] == {"rpm": 100, "tpm": 20000, "concurrency": 8}
     assert by_name["bob"]["model_limits"] == {"llama-8b": {"concurrency": 1}}
+    key_doc = doc["keys"][_digest(ALICE_SECRET).hex()]
+    assert key_doc["budgets"] == [{"period": "day", "tokens": 2000, "alerts": [0.5]}]
+    assert key_doc["name"] == "alice-dev"  # alerts and the dry run name it
 
     snap = Snapshot.decode(orjson.dumps(doc), generation=1)
     ids = {p.name: p.id for p in priced.principals()}
     alice, bob = snap.principals[ids["alice"]], snap.principals[ids["bob"]]
-    assert alice.budget == Budget(ids["alice"], "month", 1_000_000, 50 * NANOS)
-    assert bob.budget == Budget(ids["bob"], "6h", 5000, None)
-    assert snap.principals[ids["ops"]].budget is None
-    # A key reaches its principal's budget.
-    assert snap.keys[_digest(ALICE_SECRET)].principal.budget is alice.budget
+    assert alice.budgets == (
+        Budget(ids["alice"], "month", 1_000_000, 50 * NANOS, (0.8, 1.0)),
+        Budget(ids["alice"], "day", None, 5 * NANOS),
+    )
+    assert bob.budgets == (Budget(ids["bob"], "6h", 5000, None),)
+    assert snap.principals[ids["ops"]].budgets == ()
+    # A key answers to its principal's budgets (the same objects) and to its own.
+    key = snap.keys[_digest(ALICE_SECRET)]
+    assert key.budgets is not None and key.budgets.principal is alice.budgets
+    assert key.budgets.key == (Budget(f"key:{key.id}", "day", 2000, None, (0.5,)),)
+    assert key.name == "alice-dev"
+    # An older document's single budget still decodes, as the one budget of its principal.
+    old = orjson.loads(orjson.dumps(doc))
+    del old["principals"][ids["bob"]]["budgets"]
+    assert Snapshot.from_doc(old, 2).principals[ids["bob"]].budgets == bob.budgets
 
 
 def test_reapplying_without_prices_and_budgets_drops_them(priced: Store) -> None:
     priced.apply_config(DOC, hash_key=HASH_KEY, environ={"B_KEY": "kb"}, actor="test")
     doc = build_snapshot_doc(priced)
     assert [name for name, route in doc["routes"].items() if "price" in route] == []
-    assert [p["name"] for p in doc["principals"].values() if "budget" in p] == []
+    assert [p["name"] for p in doc["principals"].values() if "budgets" in p] == []
+    assert [k for k in doc["keys"].values() if "budgets" in k] == []
 
 
 @pytest.mark.parametrize(
     ("sql", "why"),
     [
-        ("UPDATE principals SET budget_period = 'week'", "unreadable budget period 'week'"),
-        ("UPDATE principals SET budget_period = '30s'", "unreadable budget period '30s'"),
-        ("UPDATE principals SET budget_tokens = 'lots'", "unreadable budget tokens 'lots'"),
-        ("UPDATE principals SET budget_tokens = 2.5", "unreadable budget tokens 2.5"),
-        ("UPDATE principals SET budget_tokens = 10000000000000", "unreadable budget tokens 10000000000000"),
-        ("UPDATE principals SET budget_cost = 'x'", "unreadable budget cost 'x'"),
-        ("UPDATE principals SET budget_cost = 1e300", "unreadable budget cost 1e+300"),
-        ("UPDATE principals SET budget_tokens = NULL, budget_cost = NULL", "a budget without tokens or cost"),
+        ("UPDATE principal_budgets SET period = 'week'", "unreadable budget period 'week'"),
+        ("UPDATE principal_budgets SET period = '30s'", "unreadable budget period '30s'"),
+        ("UPDATE principal_budgets SET tokens = 'lots'", "unreadable budget tokens 'lots'"),
+        ("UPDATE principal_budgets SET tokens = 2.5", "unreadable budget tokens 2.5"),
+        ("UPDATE principal_budgets SET tokens = 10000000000000", "unreadable budget tokens 10000000000000"),
+        ("UPDATE principal_budgets SET cost = 'x'", "unreadable budget cost 'x'"),
+        ("UPDATE principal_budgets SET cost = 1e300", "unreadable budget cost 1e+300"),
+        ("UPDATE principal_budgets SET tokens = NULL, cost = NULL", "a budget without tokens or cost"),
+        ("UPDATE principal_budgets SET alerts = '[2]'", "unreadable budget alerts '[2]'"),
+        ("UPDATE principal_budgets SET alerts = 'x'", "unreadable budget alerts 'x'"),
     ],
 )
 def test_principal_with_unreadable_budget_is_left_out(
@@ -440,7 +466,8 @@ def test_principal_with_unreadable_budget_is_left_out(
 ) -> None:
     ids = {p.name: p.id for p in priced.principals()}  # before the damage: principals() reads budgets too
     with _raw(settings) as conn:
-        conn.execute(f"{sql} WHERE name = 'alice'")
+        alice = "(SELECT id FROM principals WHERE name = 'alice')"
+        conn.execute(f"{sql} WHERE principal_id = {alice} AND period = 'month'")  # her first of two
     with caplog.at_level(logging.WARNING, logger="gateway.snapshot"):
         snap = _snapshot(priced)
     # Fail closed, as for unreadable limits: alice, her role and her key are skipped (her model limits
@@ -453,7 +480,19 @@ def test_principal_with_unreadable_budget_is_left_out(
     assert _digest(ALICE_SECRET) not in snap.keys
     assert len(snap.principals) == 5
     # Bob's budget is unaffected.
-    assert snap.principals[ids["bob"]].budget == Budget(ids["bob"], "6h", 5000, None)
+    assert snap.principals[ids["bob"]].budgets == (Budget(ids["bob"], "6h", 5000, None),)
+
+
+def test_key_with_unreadable_budget_is_left_out(
+    priced: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    with _raw(settings) as conn:
+        conn.execute("UPDATE key_budgets SET tokens = 'lots'")
+    with caplog.at_level(logging.WARNING, logger="gateway.snapshot"):
+        snap = _snapshot(priced)
+    assert snap.skipped == 1  # fail closed: the key is refused rather than unlimited
+    assert _digest(ALICE_SECRET) not in snap.keys
+    assert any("unreadable budget tokens 'lots'" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize(

@@ -231,12 +231,12 @@ def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Sett
     with open_store(settings) as store:
         assert store.revision() == 7
         (old,) = store.principals()
-        assert (old.name, old.active_keys, old.limits, old.model_limits, old.budget) == (
+        assert (old.name, old.active_keys, old.limits, old.model_limits, old.budgets) == (
             "old",
             1,
             None,
             (),
-            None,
+            (),
         )
         (key,) = store.list_keys()
         assert (key.name, key.limits) == ("old-key", None)
@@ -246,6 +246,40 @@ def test_store_at_migration_1_migrates_to_the_latest_keeping_rows(settings: Sett
     with _raw(settings) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
     assert versions == [m.version for m in available_migrations()]
+
+
+def test_a_principal_s_one_budget_and_its_alerts_move_into_its_budgets(settings: Settings) -> None:
+    driver = _driver(settings)
+    try:  # a store at migration 12: one budget per principal in its columns, alerts as a routing entry
+        apply_migrations(driver, [m for m in available_migrations() if m.version <= 12])
+        with driver.transaction(write=True) as tx:
+            tx.execute(
+                "INSERT INTO principals (id, name, budget_period, budget_tokens, budget_cost) VALUES "
+                "('p1', 'alice', 'month', 1000, 2.5), ('p2', 'bob', 'day', NULL, 0.5), ('p3', 'carol', NULL, "
+                "NULL, NULL)"
+            )
+            tx.execute(
+                "INSERT INTO routing_entries (kind, name, body) VALUES ('alerts', 'alice', '[0.5, 1.0]')"
+            )
+            tx.execute(
+                "INSERT INTO usage_records (request_id, ts, principal_id, key_id, model, backend, status, "
+                "prompt_tokens, completion_tokens, cached_tokens, total_tokens, usage_source, cost_nanos, "
+                "latency_ms, ttfb_ms, budget_key, client_request_id, attempts) "
+                "VALUES ('req-0', 1800000000.0, 'p1', 'k1', 'chat', 'a', 200, 4, 6, 0, 10, 'reported', 1000, "
+                "1.5, 1.0, -5, NULL, 1)"
+            )
+    finally:
+        driver.close()
+    with open_store(settings) as store:
+        assert {p.name: p.budgets for p in store.principals()} == {
+            "alice": (BudgetSpec("month", 1000, 2.5, (0.5, 1.0)),),
+            "bob": (BudgetSpec("day", None, 0.5),),
+            "carol": (),
+        }
+        (old,) = store.usage.records()
+        assert (old.budget_keys, old.key_budget_keys) == ([2**64 - 5], None)  # its one counter, unsigned
+    with _raw(settings) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM routing_entries WHERE kind = 'alerts'").fetchone() == (0,)
 
 
 def _driver(settings: Settings) -> SqliteDriver | PostgresDriver:
@@ -319,13 +353,13 @@ def test_route_traces_are_stored_and_found_by_either_request_id(settings: Settin
         "UPDATE api_keys SET limit_tpm = -1",
         "INSERT INTO principal_model_limits (principal_id, model, limit_concurrency) "
         "SELECT id, 'chat', 0 FROM principals WHERE name = 'ops'",
-        "UPDATE principals SET budget_tokens = 0",
-        "UPDATE principals SET budget_cost = -1.5",
-        "UPDATE principals SET budget_cost = 0",
+        "UPDATE principal_budgets SET tokens = 0",
+        "UPDATE principal_budgets SET cost = -1.5",
+        "UPDATE key_budgets SET cost = 0",
     ],
 )
 def test_schema_refuses_non_positive_limits(store: Store, settings: Settings, sql: str) -> None:
-    _apply(store)
+    _apply(store, PRICED)
     refused = (sqlite3.IntegrityError, psycopg.errors.CheckViolation)
     with _raw(settings) as conn, pytest.raises(refused, match=r"(?i)check constraint"):
         conn.execute(sql)
@@ -458,9 +492,13 @@ PRICED = replace(
     ),
     models=(replace(DOC.models[0], price=PriceSpec(0.15, 0.6)),),
     principals=(
-        replace(DOC.principals[0], budget=BudgetSpec("month", 1_000_000, 50.5)),
-        replace(DOC.principals[1], budget=BudgetSpec("7d", None, 0.1 + 0.2)),
+        replace(
+            DOC.principals[0],
+            budgets=(BudgetSpec("month", 1_000_000, 50.5, (0.8, 1.0)), BudgetSpec("day", 20_000)),
+        ),
+        replace(DOC.principals[1], budgets=(BudgetSpec("7d", None, 0.1 + 0.2),)),
     ),
+    keys=(replace(DOC.keys[0], budgets=(BudgetSpec("day", 5000, None, (0.5,)),)),),
 )
 
 
@@ -477,31 +515,44 @@ def test_apply_stores_prices_and_budgets(store: Store, settings: Settings) -> No
         "qwen": PriceSpec(0.0, 0.0, None),
         "chat": PriceSpec(0.15, 0.6, None),  # no cached price stays unset, not defaulted to the input one
     }
-    assert {p.name: p.budget for p in doc.principals} == {
-        "alice": BudgetSpec("month", 1_000_000, 50.5),
-        "ops": BudgetSpec("7d", None, 0.30000000000000004),
+    budgets = {
+        "alice": (BudgetSpec("month", 1_000_000, 50.5, (0.8, 1.0)), BudgetSpec("day", 20_000)),
+        "ops": (BudgetSpec("7d", None, 0.30000000000000004),),
     }
+    assert {p.name: p.budgets for p in doc.principals} == budgets
     # Everything else round-trips as before.
     assert doc == replace(
         PRICED,
         roles=(RoleSpec("admin", ("key:create", "model/*")), RoleSpec("user", ("model/chat",))),
-        keys=(KeySpec("alice-dev", "alice", None, None, LimitsSpec(concurrent_requests=3)),),
+        keys=(
+            KeySpec(
+                "alice-dev",
+                "alice",
+                None,
+                None,
+                LimitsSpec(concurrent_requests=3),
+                budgets=(BudgetSpec("day", 5000, None, (0.5,)),),
+            ),
+        ),
     )
-    assert {p.name: p.budget for p in store.principals()} == {
-        "alice": BudgetSpec("month", 1_000_000, 50.5),
-        "ops": BudgetSpec("7d", None, 0.30000000000000004),
-    }
+    assert {p.name: p.budgets for p in store.principals()} == budgets
+    assert [k.budgets for k in store.list_keys()] == [(BudgetSpec("day", 5000, None, (0.5,)),)]
     with _raw(settings) as conn:
         rows = conn.execute(
             "SELECT name, price_input, price_output, price_cached_input FROM models "
             "UNION ALL SELECT name, price_input, price_output, price_cached_input FROM provider_models "
             "ORDER BY 1"
         ).fetchall()
-        budgets = conn.execute(
-            "SELECT name, budget_period, budget_tokens, budget_cost FROM principals ORDER BY name"
+        stored = conn.execute(
+            "SELECT p.name, b.seq, b.period, b.tokens, b.cost, b.alerts FROM principal_budgets b "
+            "JOIN principals p ON p.id = b.principal_id ORDER BY p.name, b.seq"
         ).fetchall()
     assert rows == [("chat", 0.15, 0.6, None), ("llama", 1.0, 2.0, 0.25), ("qwen", 0.0, 0.0, None)]
-    assert budgets == [("alice", "month", 1_000_000, 50.5), ("ops", "7d", None, 0.30000000000000004)]
+    assert stored == [
+        ("alice", 0, "month", 1_000_000, 50.5, "[0.8,1.0]"),
+        ("alice", 1, "day", 20_000, None, None),
+        ("ops", 0, "7d", None, 0.30000000000000004, None),
+    ]
 
 
 def test_apply_replaces_and_clears_prices_and_budgets(store: Store, settings: Settings) -> None:
@@ -512,27 +563,27 @@ def test_apply_replaces_and_clears_prices_and_budgets(store: Store, settings: Se
         provider_models=(DOC.provider_models[0], PRICED.provider_models[1]),
         models=(replace(DOC.models[0], price=PriceSpec(0.2, 0.8, 0.1)),),
         principals=(
-            replace(DOC.principals[0], budget=BudgetSpec("day", 10)),
+            replace(DOC.principals[0], budgets=(BudgetSpec("day", 10),)),
             DOC.principals[1],
         ),
+        keys=DOC.keys,
     )
     _apply(store, changed)
     doc = store.config_doc()
     assert _prices(doc) == {"llama": None, "qwen": PriceSpec(0.0, 0.0), "chat": PriceSpec(0.2, 0.8, 0.1)}
     # The cost limit alice had before is gone, not kept beside the new token limit.
-    assert {p.name: p.budget for p in store.principals()} == {"alice": BudgetSpec("day", 10), "ops": None}
+    assert {p.name: p.budgets for p in store.principals()} == {"alice": (BudgetSpec("day", 10),), "ops": ()}
+    assert [k.budgets for k in store.list_keys()] == [()]
     assert {p.name: p.id for p in store.principals()} == ids  # budgets change, ids do not
     # Re-applying the document without any prices or budgets clears them all.
     _apply(store)
     doc = store.config_doc()
     assert _prices(doc) == {"llama": None, "qwen": None, "chat": None}
-    assert [p.budget for p in doc.principals] == [None, None]
-    assert [p.budget for p in store.principals()] == [None, None]
+    assert [p.budgets for p in doc.principals] == [(), ()]
+    assert [p.budgets for p in store.principals()] == [(), ()]
     with _raw(settings) as conn:
-        assert conn.execute(
-            "SELECT COUNT(*) FROM principals WHERE budget_period IS NOT NULL OR budget_tokens IS NOT NULL "
-            "OR budget_cost IS NOT NULL"
-        ).fetchone() == (0,)
+        assert conn.execute("SELECT COUNT(*) FROM principal_budgets").fetchone() == (0,)
+        assert conn.execute("SELECT COUNT(*) FROM key_budgets").fetchone() == (0,)
         assert conn.execute(
             "SELECT COUNT(*) FROM models WHERE price_input IS NOT NULL OR price_output IS NOT NULL "
             "OR price_cached_input IS NOT NULL"
@@ -544,15 +595,56 @@ def test_apply_replaces_and_clears_prices_and_budgets(store: Store, settings: Se
 
 
 @pytest.mark.parametrize(
-    "sql", ["UPDATE principals SET budget_cost = 'x'", "UPDATE principals SET budget_tokens = 'lots'"]
+    "sql",
+    [
+        "UPDATE principal_budgets SET cost = 'x'",
+        "UPDATE principal_budgets SET tokens = 'lots'",
+        "UPDATE principal_budgets SET alerts = '[7]'",
+    ],
 )
 def test_unreadable_budget_is_a_store_error(store: Store, settings: Settings, sql: str) -> None:
     sqlite_only(settings)  # PostgreSQL's column types refuse such a row in the first place
     _apply(store, PRICED)
     with _raw(settings) as conn:  # text passes SQLite's CHECK (> 0): text sorts above numbers
-        conn.execute(f"{sql} WHERE name = 'ops'")
+        conn.execute(f"{sql} WHERE principal_id = (SELECT id FROM principals WHERE name = 'ops')")
     with pytest.raises(StoreError, match="unreadable budget"):
         store.principals()
+
+
+def test_key_budgets_from_the_cli_are_kept_until_a_file_adopts_the_key(
+    store: Store, settings: Settings
+) -> None:
+    _apply(store)
+    day = BudgetSpec("day", 1000, None, (0.5, 1.0))
+    month = BudgetSpec("month", None, 3.0)
+    store.create_key("ops", "ops-cli", None, HASH_KEY, budgets=(day, month), actor="t")
+    listed = {k.name: k.budgets for k in store.list_keys("ops")}
+    assert listed == {"ops-cli": (day, month)}
+    entry = store.audit_log(1)[0]
+    assert orjson.loads(entry.after or "")["budgets"] == [
+        {"period": "day", "tokens": 1000, "alerts": [0.5, 1.0]},
+        {"period": "month", "cost": 3.0},
+    ]
+    assert [(b.principal, b.key, b.spec.period) for b in store.budgets()] == [
+        ("ops", "ops-cli", "day"),
+        ("ops", "ops-cli", "month"),
+    ]
+    _apply(store)  # a file that does not name the key leaves its budgets alone
+    assert {k.name: k.budgets for k in store.list_keys("ops")} == listed
+    _apply(store, replace(DOC, keys=(*DOC.keys, KeySpec("ops-cli", "ops", budgets=(BudgetSpec("6h", 9),)))))
+    assert {k.name: k.budgets for k in store.list_keys("ops")} == {"ops-cli": (BudgetSpec("6h", 9),)}
+    # The same checks as a file's: one budget per period, at most four.
+    for bad, why in (
+        ((day, day), "another budget has the period 'day'"),
+        (tuple(BudgetSpec(f"{h}h", 1) for h in range(1, 6)), "at most 4 budgets"),
+        ((BudgetSpec("week", 1),), "budgets\\[0\\].period: must be"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            store.create_key("ops", None, None, HASH_KEY, budgets=bad, actor="t")
+    # A key that goes takes its budgets with it.
+    _apply(store, replace(DOC, principals=DOC.principals[:1], keys=()))
+    with _raw(settings) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM key_budgets").fetchone() == (0,)
 
 
 def test_apply_keeps_cli_key_limits_until_the_file_adopts_it(store: Store) -> None:
@@ -813,7 +905,7 @@ def test_key_writes_are_audited_by_name(store: Store) -> None:
 
 
 def test_prune_keeps_what_a_budget_window_counts(store: Store) -> None:
-    budgeted = replace(DOC.principals[0], budget=BudgetSpec("day", 1000, None))
+    budgeted = replace(DOC.principals[0], budgets=(BudgetSpec("day", 1000, None),))
     _apply(store, replace(DOC, principals=(budgeted, *DOC.principals[1:])))
     day = 86400.0
     now = 1_800_000_000.0 // day * day + 12 * 3600  # noon of a day

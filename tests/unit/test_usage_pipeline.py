@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
@@ -15,7 +16,7 @@ import orjson
 import pytest
 
 from gateway import native
-from gateway.budget import Budget, period_window, window_key
+from gateway.budget import Budget, BudgetSet, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.store import Store, StoreError, open_store
 from gateway.controlplane.usage.metrics import Metrics
@@ -24,6 +25,7 @@ from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
+from gateway.errors import BudgetExceeded
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.snapshot import KeyEntry, Principal, Route
@@ -47,7 +49,7 @@ DAY = period_window("day", NOW)
 
 
 def rec(
-    i: int, principal: str = "p1", tokens: int = 10, budget_key: int | None = None, **kw: object
+    i: int, principal: str = "p1", tokens: int = 10, budget_keys: list[int] | None = None, **kw: object
 ) -> UsageRecord:
     fields: dict[str, object] = {
         "request_id": f"req-{i:06d}",
@@ -65,7 +67,7 @@ def rec(
         "cost_nanos": tokens * 100,
         "latency_ms": 1.5,
         "ttfb_ms": 1.0,
-        "budget_key": budget_key,
+        "budget_keys": budget_keys,
     }
     fields.update(kw)
     return UsageRecord(**fields)  # type: ignore[arg-type]
@@ -98,39 +100,50 @@ def budget_doc(tokens: int = 1000, period: str = "day") -> dict[str, object]:
 def test_record_round_trip() -> None:
     trace = [["a", "m-a", "connect", None, 1.5], ["b", "m-b", 200, 3.25, 10.0]]
     span = ["0af7651916cd43dd8448eb211c80319c", None, "b7ad6b7169203331", "chat", "openai"]
-    r = rec(1, budget_key=2**64 - 5, client_request_id="trace-7", attempts=2, tag="red-team", cut="client")
-    r = r._replace(rule="big-prompts", trace=trace, span=span)
-    assert orjson.loads(encode_record(r))[0] == 6
+    r = rec(
+        1, budget_keys=[2**64 - 5, 3], client_request_id="trace-7", attempts=2, tag="red-team", cut="client"
+    )
+    r = r._replace(rule="big-prompts", trace=trace, span=span, key_budget_keys=[2**63])
+    assert orjson.loads(encode_record(r))[0] == 7
     assert decode_record(encode_record(r)) == r
     assert decode_record(encode_record(r._replace(tag=None))).tag is None
     assert decode_record(encode_record(r._replace(cut=None))).cut is None
     row = r.row()
-    assert row[-8] == -5 and to_unsigned64(row[-8]) == 2**64 - 5
-    assert row[-7:-3] == ("trace-7", 2, "red-team", "client") and row[-3] == "big-prompts"
-    assert orjson.loads(row[-2]) == trace and orjson.loads(row[-1]) == span
+    assert row[15] == "[18446744073709551611,3]"  # unsigned, as the bucket table names them
+    assert row[16:20] == ("trace-7", 2, "red-team", "client") and row[20] == "big-prompts"
+    assert orjson.loads(row[21]) == trace and orjson.loads(row[22]) == span
+    assert row[23] == "[9223372036854775808]"
 
 
 def test_older_records_still_decode() -> None:
-    r = rec(1, client_request_id="c", attempts=3, tag="t", cut="upstream")
-    v1 = orjson.dumps([1, *r[:16]])  # what a proxy host may still hold in its spool after an upgrade
+    r = rec(1, budget_keys=[2**64 - 5], client_request_id="c", attempts=3, tag="t", cut="upstream")
+    # Before version 7 a record named one live counter, the principal's, as an integer.
+    old = [*r[:15], 2**64 - 5, *r[16:23]]
+    v1 = orjson.dumps([1, *old[:16]])  # what a proxy host may still hold in its spool after an upgrade
     assert decode_record(v1) == r._replace(client_request_id=None, attempts=1, tag=None, cut=None)
-    assert decode_record(orjson.dumps([2, *r[:17]])) == r._replace(attempts=1, tag=None, cut=None)
-    assert decode_record(orjson.dumps([3, *r[:18]])) == r._replace(tag=None, cut=None)
-    assert decode_record(orjson.dumps([4, *r[:19]])) == r._replace(cut=None)
-    assert decode_record(orjson.dumps([5, *r[:20]])) == r  # no rule, trace nor span
+    assert decode_record(orjson.dumps([2, *old[:17]])) == r._replace(attempts=1, tag=None, cut=None)
+    assert decode_record(orjson.dumps([3, *old[:18]])) == r._replace(tag=None, cut=None)
+    assert decode_record(orjson.dumps([4, *old[:19]])) == r._replace(cut=None)
+    assert decode_record(orjson.dumps([5, *old[:20]])) == r  # no rule, trace nor span
+    assert decode_record(orjson.dumps([6, *old])) == r  # no key budgets
+    assert decode_record(orjson.dumps([6, *old[:15], None, *old[16:]])) == r._replace(budget_keys=None)
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([3, *r[:19]]))  # a version 3 record has no tag
+        decode_record(orjson.dumps([3, *old[:19]]))  # a version 3 record has no tag
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([4, *r[:20]]))  # a version 4 record has no cut
+        decode_record(orjson.dumps([4, *old[:20]]))  # a version 4 record has no cut
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([5, *r[:19]]))  # and a version 5 record has one, if only null
+        decode_record(orjson.dumps([5, *old[:19]]))  # and a version 5 record has one, if only null
     with pytest.raises(ValueError):
-        decode_record(orjson.dumps([6, *r[:20]]))  # a version 6 record has a trace, if only null
+        decode_record(orjson.dumps([6, *old[:20]]))  # a version 6 record has a trace, if only null
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([7, *old]))  # a version 7 record has the key's budgets, if only null
+    with pytest.raises(ValueError):
+        decode_record(orjson.dumps([7, *old, None]))  # and lists the principal's, not one integer
 
 
-def longest(tag: str | None) -> UsageRecord:
+def longest(tag: str | None, budgets: int = 4) -> UsageRecord:
     """A record whose other fields are as long as they may be: 200-character names, a 128-character
-    client request id made of characters JSON escapes."""
+    client request id made of characters JSON escapes, the most budgets a principal and a key may have."""
     return rec(
         1,
         principal="p" * 16,
@@ -139,7 +152,8 @@ def longest(tag: str | None) -> UsageRecord:
         key_id="k" * 16,
         model="m" * 200,
         backend="b" * 200,
-        budget_key=2**64 - 1,
+        budget_keys=[2**64 - 1] * budgets or None,
+        key_budget_keys=[2**64 - 1] * budgets or None,
         client_request_id='"\\' * 64,
         cost_nanos=10**15,
         latency_ms=123456.789,
@@ -151,20 +165,25 @@ def longest(tag: str | None) -> UsageRecord:
 
 def test_a_long_tag_is_cut_to_fit_the_ring_slot() -> None:
     limit = RING_SLOT_BYTES - 8
-    short = encode_record(longest("red-team"))
+    # Every field at its longest still fits without a tag (budget keys are never left out: the sink
+    # would count the request twice), and a short tag beside all but the budgets.
+    assert len(encode_record(longest(None))) <= limit
+    short = encode_record(longest("red-team", budgets=1))
     assert len(short) <= limit and fit_tag(short, limit) is short  # what fits is left alone
     for tag in ("t" * 500, "é" * 500, '"' * 500, "\x01" * 500):
-        data = encode_record(longest(tag))
+        data = encode_record(longest(tag, budgets=1))
         assert len(data) > limit
         fitted = fit_tag(data, limit)
         assert len(fitted) <= limit
         got = decode_record(fitted)
-        assert got == longest(got.tag)  # only the tag changed
+        assert got == longest(got.tag, budgets=1)  # only the tag changed
         assert got.tag and tag.startswith(got.tag)
-        assert len(encode_record(longest(tag[: len(got.tag) + 1]))) > limit  # and it was cut no further
-    no_room = encode_record(longest("t" * 500))
+        assert (
+            len(encode_record(longest(tag[: len(got.tag) + 1], budgets=1))) > limit
+        )  # and it was cut no further
+    no_room = encode_record(longest("t" * 500, budgets=1))
     assert decode_record(fit_tag(no_room, len(no_room) - 500)).tag is None
-    untagged = encode_record(longest(None))
+    untagged = encode_record(longest(None, budgets=1))
     assert fit_tag(untagged, 10) is untagged  # too long without a tag: for the ring to refuse
 
 
@@ -287,7 +306,8 @@ def test_a_batch_decodes_as_its_records() -> None:
     records = [
         rec(
             i,
-            budget_key=2**64 - 1 - i,
+            budget_keys=[2**64 - 1 - i] if i % 2 else None,
+            key_budget_keys=[i, 2**64 - 1] if i % 3 else None,
             attempts=i % 3,
             tag="t" if i % 2 else None,
             ttfb_ms=None if i % 3 else 1.0,
@@ -301,7 +321,7 @@ def test_a_batch_decodes_as_its_records() -> None:
     assert records_from_values([]) == []
     older = orjson.loads(orjson.dumps([3, *records[0][:18]]))
     assert records_from_values([*batch, older]) is None  # an older version: one by one
-    for version in (4, 5, 7):  # a version 4 record has no cut, 5 no trace; there is no version 7
+    for version in (4, 5, 8):  # a version 4 record has no cut, 5 no trace; there is no version 8
         assert records_from_values([*batch, [version, *batch[0][1:]]]) is None
 
 
@@ -330,8 +350,9 @@ def test_insert_writes_each_request_id_once(store: Store) -> None:
 def test_absent_fields_are_stored_as_null_and_read_back_as_none(store: Store) -> None:
     """Nullable fields go in as SQL NULL (for SQLite through the driver's adapter for None) and come back
     as None, beside a record that has them all."""
-    empty = rec(1, backend=None, ttfb_ms=None, budget_key=None, client_request_id=None, tag=None)
-    full = rec(2, backend="b", ttfb_ms=2.5, budget_key=7, client_request_id="c-2", tag="t")
+    empty = rec(1, backend=None, ttfb_ms=None, budget_keys=None, client_request_id=None, tag=None)
+    full = rec(2, backend="b", ttfb_ms=2.5, budget_keys=[7], client_request_id="c-2", tag="t")
+    full = full._replace(key_budget_keys=[8, 9])
     store.usage.insert([empty, full])
     assert sorted(store.usage.records(), key=lambda r: r.request_id) == [empty, full]
 
@@ -349,20 +370,39 @@ def test_a_large_batch_is_written_whole_and_once(store: Store) -> None:
 
 
 def test_budget_keys_of_both_halves_are_stored(store: Store) -> None:
-    keys = {"req-000001": 2**64 - 1, "req-000002": None, "req-000003": 5, "req-000004": 2**63}
-    store.usage.insert([rec(int(rid[4:]), budget_key=key) for rid, key in keys.items()])
-    store.usage.insert([rec(5, budget_key=7)])  # a batch with no key of the upper half
-    assert {r.request_id: r.budget_key for r in store.usage.records()} == {**keys, "req-000005": 7}
+    keys = {"req-000001": [2**64 - 1, 0], "req-000002": None, "req-000003": [5], "req-000004": [2**63]}
+    store.usage.insert([rec(int(rid[4:]), budget_keys=key, key_budget_keys=key) for rid, key in keys.items()])
+    got = {r.request_id: (r.budget_keys, r.key_budget_keys) for r in store.usage.records()}
+    assert got == {rid: (key, key) for rid, key in keys.items()}
 
 
-def test_spend_groups_by_live_counter(store: Store) -> None:
-    key = 2**63 + 12345  # above the signed range: stored negative, read back unsigned
-    store.usage.insert([rec(1, budget_key=key), rec(2, budget_key=key), rec(3), rec(4, principal="p2")])
+def test_spend_groups_by_live_counters(store: Store) -> None:
+    day, month = 2**63 + 12345, 7  # the first above the signed range
+    store.usage.insert(
+        [
+            rec(1, budget_keys=[day, month]),
+            rec(2, budget_keys=[day, month]),
+            rec(3),
+            rec(4, principal="p2"),
+            rec(6, budget_keys=[month], key_budget_keys=[99], key_id="k2"),
+            rec(7, key_budget_keys=[99], key_id="k2"),
+        ]
+    )
     store.usage.insert([rec(5, ts=DAY[1])])  # the next window
-    rows = {(r.principal_id, r.budget_key): (r.tokens, r.cost_nanos) for r in store.usage.spend(*DAY)}
-    assert rows == {("p1", key): (20, 2000), ("p1", None): (10, 1000), ("p2", None): (10, 1000)}
-    assert [r.principal_id for r in store.usage.spend(*DAY, ["p2"])] == ["p2"]
+    rows = {(r.owner_id, r.budget_keys): (r.tokens, r.cost_nanos) for r in store.usage.spend(*DAY)}
+    assert rows == {
+        ("p1", frozenset({day, month})): (20, 2000),
+        ("p1", frozenset({month})): (10, 1000),
+        ("p1", frozenset()): (20, 2000),
+        ("p2", frozenset()): (10, 1000),
+    }
+    assert [r.owner_id for r in store.usage.spend(*DAY, ["p2"])] == ["p2"]
     assert store.usage.spend(*DAY, []) == []
+    by_key = {
+        (r.owner_id, r.budget_keys): r.tokens for r in store.usage.key_spend(*DAY, {"k2": "p1", "k1": "p1"})
+    }
+    assert by_key == {("k1", frozenset()): 30, ("k2", frozenset({99})): 20}  # p2's k1 record is not p1's
+    assert store.usage.key_spend(*DAY, {"k2": "p2"}) == []  # the principal narrows the search
 
 
 def test_summary_groups_and_counts_errors(store: Store) -> None:
@@ -451,11 +491,11 @@ def test_a_replayed_batch_is_written_once(store: Store, ring: UsageRing, table: 
     """A control worker that died after committing but before advancing the tail: its successor reads the
     same records again; nothing is written or counted twice."""
     sink = UsageSink(store, ring, table, EPOCH)
-    sink.set_budgets(budget_doc(), NOW)
+    sink.set_budgets(budget_doc(), now=NOW)
     push(ring, 0, rec(1), rec(2))
     store.usage.insert([decode_record(b) for b in ring.read(0)])  # the crashed predecessor's commit
     successor = UsageSink(store, ring, table, EPOCH)
-    successor.set_budgets(budget_doc(), NOW)  # recomputes from the store: 20 tokens
+    successor.set_budgets(budget_doc(), now=NOW)  # recomputes from the store: 20 tokens
     assert successor.drain() == 2
     assert store.usage.count() == 2
     key = window_key(EPOCH, "p1", "day", DAY[0])
@@ -465,12 +505,12 @@ def test_a_replayed_batch_is_written_once(store: Store, ring: UsageRing, table: 
 def test_base_holds_what_the_live_counter_does_not(store: Store, ring: UsageRing, table: BucketTable) -> None:
     sink = UsageSink(store, ring, table, EPOCH)
     key = window_key(EPOCH, "p1", "day", DAY[0])
-    store.usage.insert([rec(1), rec(2, budget_key=12345)])  # before this table: all of it is base
-    sink.set_budgets(budget_doc(), NOW)
+    store.usage.insert([rec(1), rec(2, budget_keys=[12345])])  # before this table: all of it is base
+    sink.set_budgets(budget_doc(), now=NOW)
     assert table.spend_parts(key) == (0, 0, 20, 2000)
     # A worker that charged the live counter (as the data plane does) and one that had no budget yet.
     table.spend_add(key, 10, 1000)
-    push(ring, 0, rec(3, budget_key=key), rec(4), rec(5, principal="p2"), rec(6, ts=DAY[0] - 1))
+    push(ring, 0, rec(3, budget_keys=[key]), rec(4), rec(5, principal="p2"), rec(6, ts=DAY[0] - 1))
     sink.drain()
     assert table.spend_parts(key) == (10, 1000, 30, 3000)
     assert table.spend(key) == (40, 4000)
@@ -480,7 +520,7 @@ def test_base_holds_what_the_live_counter_does_not(store: Store, ring: UsageRing
 
 def test_a_new_window_starts_from_what_it_holds(store: Store, ring: UsageRing, table: BucketTable) -> None:
     sink = UsageSink(store, ring, table, EPOCH)
-    sink.set_budgets(budget_doc(), NOW)
+    sink.set_budgets(budget_doc(), now=NOW)
     store.usage.insert([rec(1)])
     tomorrow = DAY[1] + 10
     sink.tick(tomorrow)
@@ -489,6 +529,165 @@ def test_a_new_window_starts_from_what_it_holds(store: Store, ring: UsageRing, t
     push(ring, 0, rec(2, ts=tomorrow))
     sink.drain()
     assert table.spend(new_key) == (10, 1000)
+
+
+MONTH = period_window("month", NOW)
+
+
+def windows_doc() -> tuple[dict[str, object], dict[str, object]]:
+    """Alice with a day and a month budget; her key k1 with a day budget of its own; bob with none."""
+    principals = {
+        "p1": {
+            "name": "alice",
+            "budgets": [
+                {"period": "day", "tokens": 1000, "alerts": [0.5]},
+                {"period": "month", "tokens": 5000, "alerts": [0.01, 1.0]},
+            ],
+        },
+        "p2": {"name": "bob"},
+    }
+    keys = {
+        "h1": {"id": "k1", "principal": "p1", "name": "ci", "budgets": [{"period": "day", "tokens": 100}]},
+        "h2": {"id": "k2", "principal": "p1"},
+    }
+    return principals, keys
+
+
+def test_every_window_of_principals_and_keys_has_its_own_base(
+    store: Store, ring: UsageRing, table: BucketTable
+) -> None:
+    day = window_key(EPOCH, "p1", "day", DAY[0])
+    month = window_key(EPOCH, "p1", "month", MONTH[0])
+    own = window_key(EPOCH, "key:k1", "day", DAY[0])
+    store.usage.insert(
+        [
+            rec(1, ts=MONTH[0] + 1),  # earlier this month: the month's only
+            rec(2),  # today, before this table: every window's
+            rec(3, key_id="k2"),  # another key of alice's: her windows', not k1's
+            rec(4, budget_keys=[day, month], key_budget_keys=[own]),  # held live by all three
+            rec(5, budget_keys=[day]),  # charged before the month budget existed: the month's base
+        ]
+    )
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(*windows_doc(), now=NOW)
+    assert table.spend_parts(day) == (0, 0, 20, 2000)  # 2, 3
+    assert table.spend_parts(month) == (0, 0, 40, 4000)  # 1, 2, 3, 5
+    assert table.spend_parts(own) == (0, 0, 20, 2000)  # 2, 5 (k1's records its counter does not hold)
+    # Drained records fold into exactly the windows whose live counters do not hold them.
+    table.spend_add(day, 10, 1000)
+    table.spend_add(month, 10, 1000)
+    table.spend_add(own, 10, 1000)
+    push(
+        ring,
+        0,
+        rec(6, budget_keys=[day, month], key_budget_keys=[own]),
+        rec(7, budget_keys=[day, month], key_id="k2"),
+        rec(8, key_budget_keys=[own]),  # an older worker's: only the key's counter
+        rec(9, principal="p2", key_id="k9"),
+    )
+    sink.drain()
+    # 8, which only the key's counter holds, joins alice's day and month bases.
+    expected = {day: (10, 1000, 30, 3000), month: (10, 1000, 50, 5000), own: (10, 1000, 20, 2000)}
+    assert {k: table.spend_parts(k) for k in expected} == expected
+    sink.recompute(NOW)  # from the store alone: the same bases
+    assert {k: table.spend_parts(k) for k in expected} == expected
+    # Another host's table holds none of them live: its bases are the whole stored spend of each window.
+    assert sink.bases_for("other", NOW) == {
+        str(window_key("other", "p1", "day", DAY[0])): [70, 7000],  # 2 to 8
+        str(window_key("other", "p1", "month", MONTH[0])): [80, 8000],  # 1 to 8
+        str(window_key("other", "key:k1", "day", DAY[0])): [50, 5000],  # k1's today: 2, 4, 5, 6, 8
+    }
+
+
+def test_alerts_fire_once_per_threshold_and_window_for_principals_and_keys(
+    store: Store, ring: UsageRing, table: BucketTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(*windows_doc(), now=NOW)
+    own = window_key(EPOCH, "key:k1", "day", DAY[0])
+    table.spend_add(window_key(EPOCH, "p1", "day", DAY[0]), 600, 0)
+    table.spend_add(window_key(EPOCH, "p1", "month", MONTH[0]), 600, 0)
+    table.spend_add(own, 100, 0)  # the key has no thresholds: a gauge, no alert
+    with caplog.at_level(logging.WARNING, logger="gateway.controlplane"):
+        due = sink.check_alerts(NOW)
+        assert [(a.principal, a.key, a.period, a.threshold) for a in due] == [
+            ("alice", None, "day", 0.5),
+            ("alice", None, "month", 0.01),
+        ]
+        assert sink.check_alerts(NOW + 1) == []  # once each
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "budget alert: principal alice has used 60% of its day budget",
+        "budget alert: principal alice has used 12% of its month budget",
+    ]
+    lines = sink.alerts.render()
+    assert 'gateway_budget_used_ratio{principal="alice",period="day"} 0.600000' in lines
+    assert 'gateway_budget_used_ratio{principal="alice",key="ci",period="day"} 1.000000' in lines
+    assert 'gateway_budget_alert_threshold{principal="alice",period="month"} 0.01' in lines
+    assert 'gateway_budget_alert_threshold{principal="alice",key="ci",period="day"} 0' in lines
+    # The key's own threshold, once it has one; its document names the scope and the key.
+    principals, keys = windows_doc()
+    keys["h1"]["budgets"] = [{"period": "day", "tokens": 100, "alerts": [0.9]}]  # type: ignore[index]
+    sink.set_budgets(principals, keys, now=NOW)
+    (alert,) = sink.check_alerts(NOW + 2)
+    assert alert.document() | {"message": None, "window_start": None, "window_end": None} == {
+        "event": "budget_threshold",
+        "scope": "key",
+        "principal": "alice",
+        "key": "ci",
+        "key_id": "k1",
+        "period": "day",
+        "threshold": 0.9,
+        "used": 1.0,
+        "tokens": 100,
+        "tokens_limit": 100,
+        "cost": 0.0,
+        "cost_limit": None,
+        "window_start": None,
+        "window_end": None,
+        "message": None,
+    }
+    assert alert.message().startswith(
+        "budget alert: key ci (principal alice) has used 100% of its day budget"
+    )
+    # The next day is a new window: its thresholds may fire again.
+    table.spend_add(window_key(EPOCH, "p1", "day", DAY[1]), 900, 0)
+    sink.tick(DAY[1] + 1)
+    assert [(a.period, a.threshold) for a in sink.check_alerts(DAY[1] + 1)] == [("day", 0.5)]
+
+
+def test_a_request_is_checked_and_charged_in_every_window() -> None:
+    table = BucketTable.create_layout(bytearray(region_size(64)), 64)
+    day, month = Budget("p1", "day", 100, None), Budget("p1", "month", 150, None)
+    own = Budget("key:k1", "day", None, 5000)
+    budgets = BudgetSet((day, month), (own,))
+    guard = BudgetGuard(table, "e")
+    guard.check(budgets, NOW)
+    keys = guard.charge(budgets, NOW, 60, 2000)
+    assert keys == ((day.key_at("e", NOW), month.key_at("e", NOW)), (own.key_at("e", NOW),))
+    assert [table.spend(k) for k in (*keys[0], *keys[1])] == [(60, 2000)] * 3
+    guard.charge(budgets, NOW, 40, 2000)
+    with pytest.raises(BudgetExceeded, match="this principal has used 100 of 100 tokens in its day budget"):
+        guard.check(budgets, NOW)
+    # The next day, the month still holds what was spent, and the key's cost budget is the one that refuses.
+    tomorrow = DAY[1] + 1
+    guard.charge(budgets, tomorrow, 10, 1000)
+    with pytest.raises(
+        BudgetExceeded, match=r"this API key has used 0.000001 of 0.000001 \(cost\) in its day"
+    ):
+        guard.check(BudgetSet((day, month), (Budget("key:k1", "day", None, 1000),)), tomorrow)
+    guard.charge(budgets, tomorrow, 40, 0)
+    with pytest.raises(BudgetExceeded, match="150 of 150 tokens in its month budget period"):
+        guard.check(budgets, tomorrow)
+
+
+def test_a_window_the_table_cannot_hold_is_left_out_of_the_record() -> None:
+    table = BucketTable.create_layout(bytearray(region_size(2)), 2)
+    day, month = Budget("p1", "day", 100, None), Budget("p1", "month", 150, None)
+    budgets = BudgetSet((day, month), ())
+    table.acquire(12345, 1)  # one of the two slots taken by another key: the month's window finds none
+    keys = BudgetGuard(table, "e").charge(budgets, NOW, 7, 0, "req-1")
+    assert keys == ((day.key_at("e", NOW),), None)  # the record names only the counter that holds it
+    assert table.spend(day.key_at("e", NOW)) == (7, 0)
 
 
 def test_an_unreadable_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
@@ -588,11 +787,11 @@ def _budgeted() -> tuple[Accounting, KeyEntry, Callable[[], int]]:
     table = BucketTable.create_layout(bytearray(region_size(64)), 64)
     budget = Budget.from_doc("p1", {"period": "day", "tokens": 10**6})
     assert budget is not None
-    principal = Principal("p1", "alice", True, frozenset(), budget=budget)
+    principal = Principal("p1", "alice", True, frozenset(), budgets=(budget,))
     accounting = Accounting(None, BudgetGuard(table, "e"), None)
     return (
         accounting,
-        KeyEntry("k1", principal, None),
+        KeyEntry("k1", principal, None, budgets=BudgetSet((budget,), ())),
         lambda: table.spend(budget.key_at("e", time.time()))[0],
     )
 
@@ -657,14 +856,15 @@ def test_a_full_bucket_table_loses_no_answer_and_no_record() -> None:
     budget = Budget.from_doc("p1", {"period": "day", "tokens": 10**6})
     assert budget is not None
     accounting = Accounting(None, BudgetGuard(table, "e"), UsageLog(ring, 0))
-    key = KeyEntry("k1", Principal("p1", "alice", True, frozenset(), budget=budget), None)
+    principal = Principal("p1", "alice", True, frozenset(), budgets=(budget,))
+    key = KeyEntry("k1", principal, None, budgets=BudgetSet((budget,), ()))
     ex, proto, tap = _tapped(accounting, key, lambda: 0)
     tap.response_bytes(200, [], _ANSWER)
     assert proto.seen == [("whole", 0)]  # the answer went out
     accounting.finish(ex, tap, 200, "b")
     (data,) = ring.read(0)
     record = decode_record(data)
-    assert (record.total_tokens, record.budget_key) == (7, None)  # the store carries the spend instead
+    assert (record.total_tokens, record.budget_keys) == (7, None)  # the store carries the spend instead
 
 
 def test_a_long_route_trace_keeps_its_first_and_last_attempts() -> None:

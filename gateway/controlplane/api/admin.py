@@ -17,15 +17,18 @@ POST /admin/login      open a session with an admin key        (none)
 POST /admin/logout     end the session                         (any admin key)
 GET /admin/whoami      the caller's principal and permissions  (any admin key)
 GET /admin/principals  principals, roles, limits, budgets      ``config:read``
-GET /admin/keys        keys (never secrets); ``?principal=``    ``config:read``
-POST /admin/keys       create a key; the secret is shown once  ``key:create``
+GET /admin/keys        keys (never secrets), limits, budgets;  ``config:read``
+                       ``?principal=``
+POST /admin/keys       create a key (its limits and budgets);  ``key:create``
+                       the secret is shown once
 DELETE /admin/keys/ID  revoke a key by id or name              ``key:revoke``
 GET /admin/config      the configuration as TOML               ``config:read``
 PUT /admin/config      apply a TOML configuration              ``config:write``
 GET /admin/usage       usage per principal/model/key/backend,  ``usage:read``
                        and per minute/hour/day (``?bucket=``),
                        as JSON or CSV (``?format=csv``)
-GET /admin/budgets     spend against each budget               ``usage:read``
+GET /admin/budgets     spend in every window of every          ``usage:read``
+                       principal's and key's budgets
 GET /admin/requests    in flight per worker, and the last      ``usage:read``
                        finished ones with their route traces
 GET /admin/requests/ID  one request by its x-request-id        ``usage:read``
@@ -119,7 +122,11 @@ ROUTES: tuple[AdminRoute, ...] = (
     ),
     AdminRoute("GET", "/admin/keys", Access.CONFIG_READ, keys.list_keys, "API keys (never their secrets)"),
     AdminRoute(
-        "POST", "/admin/keys", Access.KEY_CREATE, keys.create_key, "Create a key; its secret is returned once"
+        "POST",
+        "/admin/keys",
+        Access.KEY_CREATE,
+        keys.create_key,
+        "Create a key with its own limits and budgets; its secret is returned once",
     ),
     AdminRoute(
         "DELETE", "/admin/keys/{key}", Access.KEY_REVOKE, keys.revoke_key, "Revoke a key by id or name"
@@ -142,7 +149,7 @@ ROUTES: tuple[AdminRoute, ...] = (
         "/admin/budgets",
         Access.USAGE_READ,
         reports.budgets,
-        "Spend against every budget, current period",
+        "Spend in the current window of every principal's and every key's budgets",
     ),
     AdminRoute(
         "GET",
@@ -178,7 +185,8 @@ ROUTES: tuple[AdminRoute, ...] = (
         "/admin/routing/dry-run",
         Access.CONFIG_READ,
         routing_dry_run,
-        "Where a request would go (rule, targets) on the current snapshot, sending nothing",
+        "Where a request would go (rule, targets) on the current snapshot, and which budget would refuse "
+        "it, sending nothing",
     ),
     AdminRoute("GET", "/admin/openapi.json", Access.OPEN, openapi, "This API as an OpenAPI document"),
     *(

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from gateway.budget import Budget
 from gateway.controlplane.store import Store, StoreError
 from gateway.controlplane.usage.requests_view import FlightRecorder
 from gateway.errors import BadRequest, ConfigError, ServiceUnavailable
@@ -79,6 +80,8 @@ class AdminContext(Protocol):
     def live_requests(self) -> list[dict[str, Any]]: ...
 
     def principal_names(self) -> dict[str, str]: ...
+
+    def budget_spend(self, budget: Budget, now: float) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,17 +6,23 @@ key (by name) and the client address it would come from (its ``allow_ips`` and `
 headers and the JSON body the client would send (as an object, or as its exact text when the bytes
 matter, as they do to prefix affinity). The answer is the decision — the model that decided
 (after delegations), the rule that matched or none (the model's chain), the ordered targets, or the
-refusal — plus whether the principal may call the model at all. Load comes from this host's shared
-segments (in-flight gauges, the engine scraper's document): a dry run on a control-only host sees no
-load. No I/O beyond what the caller hands in.
+refusal — plus whether the principal may call the model at all, and every budget the request would
+answer to (the principal's, and the key's own when a key is named) with its window's spend and whether it
+would refuse (``"budgets"``, ``"budget_refusal"``: the 402 message the first exhausted one gives). Load and
+spend come from this host's shared segments (in-flight gauges, the engine scraper's document, the budget
+windows the control worker keeps): a dry run on a control-only host sees no load, and the spend the store
+holds. No I/O beyond what the caller hands in.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from gateway.budget import Budget, exceeded_message
 from gateway.controlplane.api.calls import Call, Reply, ok
 from gateway.errors import BadRequest, NotFound, ServiceUnavailable
 from gateway.protocol.openai_request import inspect_json
@@ -25,9 +31,12 @@ from gateway.routing.load import Load
 from gateway.routing.plan import Decision
 from gateway.routing.prompt_classes import prompt_text
 from gateway.routing.rules import Facts
-from gateway.snapshot import Principal, Snapshot
+from gateway.snapshot import KeyEntry, Principal, Snapshot
 
 __all__ = ["SnapshotCache", "dry_run", "routing_dry_run"]
+
+# A budget's current window spend, live plus base, as (tokens, cost in nano-units).
+Spend = Callable[[Budget, float], tuple[int, int]]
 
 
 class SnapshotCache:
@@ -53,10 +62,10 @@ def routing_dry_run(call: Call) -> Reply:
         request = orjson.loads(call.body or b"{}")
     except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    return ok(dry_run(snapshot, request, call.ctx.routing_load()))
+    return ok(dry_run(snapshot, request, call.ctx.routing_load(), call.ctx.budget_spend))
 
 
-def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
+def dry_run(snapshot: Snapshot, request: Any, load: Load, spend: Spend | None = None) -> dict[str, Any]:
     if not isinstance(request, dict):
         raise BadRequest("expected a JSON object {model, principal, headers, body}")
     raw = request.get("body") or {}
@@ -107,7 +116,53 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load) -> dict[str, Any]:
         answer["key"] = _key_decision(
             snapshot, request["key"], request.get("client_ip"), route.name, info.model
         )
+    budgets = _budgets(snapshot, principal, request.get("key"))
+    if budgets and spend is not None:
+        answer["budgets"], answer["budget_refusal"] = _budget_decision(budgets, spend, time.time())
     return answer
+
+
+def _budgets(snapshot: Snapshot, principal: Principal, key_name: Any) -> tuple[Budget, ...]:
+    """What the request answers to: the named key's budgets (its principal's and its own), else the
+    principal's."""
+    key = _key_entry(snapshot, key_name) if isinstance(key_name, str) else None
+    if key is not None:
+        return () if key.budgets is None else (*key.budgets.principal, *key.budgets.key)
+    return principal.budgets
+
+
+def _budget_decision(
+    budgets: tuple[Budget, ...], spend: Spend, now: float
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Each budget's window and spend, and the refusal of the first that is exhausted (the request path
+    checks them in this order)."""
+    out: list[dict[str, Any]] = []
+    refusal: str | None = None
+    for budget in budgets:
+        tokens, cost = spend(budget, now)
+        exhausted = budget.exceeded(tokens, cost)
+        if exhausted and refusal is None:
+            refusal = exceeded_message(budget, tokens, cost, now)
+        start, end = budget.window(now)
+        out.append(
+            {
+                "scope": "principal" if budget.key_id is None else "key",
+                "period": budget.period,
+                "window_start": start,
+                "window_end": end,
+                "tokens": tokens,
+                "tokens_limit": budget.tokens,
+                "cost": cost / 1e9,
+                "cost_limit": None if budget.cost is None else budget.cost / 1e9,
+                "refuses": exhausted,
+            }
+        )
+    return out, refusal
+
+
+def _key_entry(snapshot: Snapshot, name: str) -> KeyEntry | None:
+    """The key of this name; only keys with rules or budgets carry their name in the snapshot."""
+    return next((k for k in snapshot.keys.values() if k.name == name), None)
 
 
 def _context_decision(snapshot: Snapshot, decision: Decision, facts: Facts) -> dict[str, Any]:
@@ -140,8 +195,9 @@ def _key_decision(
     """What a key's own rules (``allow_ips``, ``models``) say of this request from ``client_ip``."""
     if not isinstance(name, str) or (client_ip is not None and not isinstance(client_ip, str)):
         raise BadRequest("key must be a key's name, client_ip an address", param="key")
-    rules = next((k.rules for k in snapshot.keys.values() if k.rules and k.rules.name == name), None)
-    if rules is None:  # only keys with rules are named in the snapshot; any other key has none
+    entry = _key_entry(snapshot, name)
+    rules = entry.rules if entry is not None else None
+    if rules is None:  # only keys with rules (or budgets) are named in the snapshot; any other has none
         return {"name": name, "rules": None, "refusal": None}
     refusal = rules.address_refusal(client_ip) if client_ip is not None else None
     refusal = refusal or rules.model_refusal(route_name, called)

@@ -1,6 +1,7 @@
-"""The admin API's principals and keys: listings (never a secret; from the last snapshot, with
-``x-gateway-source: snapshot``, while the store is down), a new key (its secret answered once), revoking
-one. Writes are audited with the caller's principal and key. I/O: the store, through the context.
+"""The admin API's principals and keys: listings with limits and budgets (never a secret; from the last
+snapshot, with ``x-gateway-source: snapshot``, while the store is down), a new key with its own limits and
+budgets (its secret answered once), revoking one. Writes are audited with the caller's principal and key.
+I/O: the store, through the context.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from typing import Any
 import orjson
 
 from gateway.controlplane.api.calls import JSON, AdminContext, Call, Reply, actor, json_object, ok, one, write
-from gateway.controlplane.config.specs import LimitsSpec
+from gateway.controlplane.config.parser import parse_budgets
+from gateway.controlplane.config.problems import Problems
+from gateway.controlplane.config.specs import BudgetSpec, LimitsSpec
 from gateway.controlplane.config.values import check_limit, parse_timestamp
 from gateway.controlplane.store import MANAGED_BY_API, STORE_OWNER, StoreError
 from gateway.errors import BadRequest, ServiceUnavailable
@@ -34,9 +37,9 @@ def principals(call: Call) -> Reply:
                 "active_keys": p.active_keys,
                 "limits": _limits(p.limits),
                 "model_limits": {m: _limits(spec) for m, spec in p.model_limits},
-                "budget": None
-                if p.budget is None
-                else {"period": p.budget.period, "tokens": p.budget.tokens, "cost": p.budget.cost},
+                # "budget": the first, as this listing showed the one budget a principal could have.
+                "budget": _budget(p.budgets[0]) if p.budgets else None,
+                "budgets": [_budget(b) for b in p.budgets],
                 "owner": owners.get(("principals", p.name), STORE_OWNER),
             }
             for p in rows
@@ -63,6 +66,7 @@ def list_keys(call: Call) -> Reply:
                 "revoked_at": k.revoked_at,
                 "managed_by": k.managed_by,
                 "limits": _limits(k.limits),
+                "budgets": [_budget(b) for b in k.budgets],
             }
             for k in keys
         ]
@@ -85,6 +89,7 @@ def create_key(call: Call) -> Reply:
         except ValueError as exc:
             raise BadRequest(f"expires_at {exc}", param="expires_at") from None
     limits = _limits_arg(doc.get("limits"))
+    budgets = _budgets_arg(doc)
     by = actor(ctx, call.who)
     key_id, secret = write(
         lambda: ctx.store.create_key(
@@ -95,6 +100,7 @@ def create_key(call: Call) -> Reply:
             limits,
             managed_by=MANAGED_BY_API,
             actor=by,
+            budgets=budgets,
         )
     )
     return (
@@ -138,6 +144,20 @@ def _limits(spec: LimitsSpec | None) -> dict[str, int] | None:
         "concurrent_requests": spec.concurrent_requests,
     }
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _budget(spec: BudgetSpec) -> dict[str, Any]:
+    return {"period": spec.period, "tokens": spec.tokens, "cost": spec.cost, "alerts": list(spec.alerts)}
+
+
+def _budgets_arg(doc: dict[str, Any]) -> tuple[BudgetSpec, ...]:
+    """``budget`` (one) and ``budgets`` (several) as a config file's key takes them, checked alike."""
+    p = Problems()
+    budgets = parse_budgets(p, "key", {k: doc[k] for k in ("budget", "budgets") if k in doc})
+    if p.lines:
+        param = (p.first_place or "budgets").removeprefix("key.")
+        raise BadRequest("; ".join(line.removeprefix("key.") for line in p.lines), param=param)
+    return budgets
 
 
 def _limits_arg(value: Any) -> LimitsSpec | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.budget import check_period
+from gateway.budget import MAX_BUDGETS, check_period
 from gateway.controlplane.config.backends import flatten_credentials, parse_backend
 from gateway.controlplane.config.body_logs import parse_body_log
 from gateway.controlplane.config.fields import read_name, read_names
@@ -56,7 +56,7 @@ from gateway.controlplane.config.values import (
 from gateway.controlplane.config.writer import toml_key
 from gateway.errors import ConfigError
 
-__all__ = ["load_config", "parse_config"]
+__all__ = ["load_config", "parse_budget", "parse_budgets", "parse_config"]
 
 MIN_SECRET_LENGTH = 16
 
@@ -261,7 +261,37 @@ def _price(p: Problems, place: str, value: object) -> PriceSpec | None:
     return PriceSpec(values["input"], values["output"], values.get("cached_input"))
 
 
-def _budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
+def parse_budgets(p: Problems, place: str, item: dict[str, Any]) -> tuple[BudgetSpec, ...]:
+    """The budgets of a principal's or key's table: ``budget = {...}`` (one) and ``budgets = [{...},
+    ...]`` (several), together at most ``MAX_BUDGETS``, one per period; the single one comes first."""
+    found: list[tuple[str, BudgetSpec]] = []
+    if "budget" in item:
+        spec = parse_budget(p, f"{place}.budget", item["budget"])
+        if spec is not None:
+            found.append((f"{place}.budget", spec))
+    if "budgets" in item:
+        raw = item["budgets"]
+        if not isinstance(raw, list):
+            p.add(
+                f"{place}.budgets", 'must be an array of budget tables, e.g. [{ period = "day", cost = 9 }]'
+            )
+        else:
+            for i, value in enumerate(raw):
+                spec = parse_budget(p, f"{place}.budgets[{i}]", value)
+                if spec is not None:
+                    found.append((f"{place}.budgets[{i}]", spec))
+    if len(found) > MAX_BUDGETS:
+        p.add(f"{place}.budgets", f"at most {MAX_BUDGETS} budgets (one per period)")
+    seen: dict[str, str] = {}
+    for where, spec in found:
+        if spec.period in seen:
+            p.add(f"{where}.period", f"another budget has the period {spec.period!r} ({seen[spec.period]})")
+        seen.setdefault(spec.period, where)
+    return tuple(spec for _, spec in found)
+
+
+def parse_budget(p: Problems, place: str, value: object) -> BudgetSpec | None:
+    """One budget table; None (with its problems in ``p``) when it is not a valid one."""
     if not isinstance(value, dict):
         p.add(place, 'must be a table such as { period = "month", tokens = 1000000, cost = 50.0 }')
         return None
@@ -345,21 +375,23 @@ def _model_limits(p: Problems, place: str, value: object) -> tuple[tuple[str, Li
 
 
 def _principal(p: Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
-    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits", "budget"))
+    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits", "budget", "budgets"))
     before = len(p.lines)
     name = read_name(p, place, item)
     roles = read_names(p, f"{place}.roles", item.get("roles", []), required=False)
     limits = _limits(p, f"{place}.limits", item["limits"]) if "limits" in item else None
     model_limits = _model_limits(p, f"{place}.model_limits", item.get("model_limits", {}))
-    budget = _budget(p, f"{place}.budget", item["budget"]) if "budget" in item else None
+    budgets = parse_budgets(p, place, item)
     if len(p.lines) > before or name is None or roles is None:
         return None
-    return PrincipalSpec(name, roles, limits, model_limits, budget)
+    return PrincipalSpec(name, roles, limits, model_limits, budgets)
 
 
 def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
     p.unknown_fields(
-        place, item, ("name", "principal", "secret", "expires_at", "limits", "allow_ips", "models")
+        place,
+        item,
+        ("name", "principal", "secret", "expires_at", "limits", "allow_ips", "models", "budget", "budgets"),
     )
     ok = True
     name = read_name(p, place, item)
@@ -391,9 +423,12 @@ def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
     if "models" in item:
         models = read_names(p, f"{place}.models", item["models"], required=True)
         ok = ok and models is not None
+    before = len(p.lines)
+    budgets = parse_budgets(p, place, item)
+    ok = ok and len(p.lines) == before
     if not ok or name is None or principal is None:
         return None
-    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models)
+    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models, budgets)
 
 
 def _check_references(

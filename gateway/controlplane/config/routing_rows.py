@@ -1,7 +1,6 @@
 """The routing entries of a configuration in the store's form: one ``(kind, name, JSON body)`` row per
 entry of the ``routing_entries`` table (pools, rules, prompt classes, backends' flow-control and pool
-credential fields, keys' networks and models, context windows, budget alert thresholds, body logs, the
-fallback),
+credential fields, keys' networks and models, context windows, body logs, the fallback),
 and those rows back to specs, each re-validated by the file parser's own checks. No I/O.
 """
 
@@ -54,9 +53,6 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
             rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
     for pool in cfg.pools:
         rows.append(("pool", pool.name, orjson.dumps(pool.as_dict()).decode()))
-    for pr in cfg.principals:
-        if pr.budget is not None and pr.budget.alerts:
-            rows.append(("alerts", pr.name, orjson.dumps(list(pr.budget.alerts)).decode()))
     for order, spec in enumerate(cfg.prompt_classes):
         rows.append(("class", spec.name, orjson.dumps({"order": order, **spec.as_dict()}).decode()))
     for order, entry in enumerate(cfg.body_logs):
@@ -85,7 +81,6 @@ class RoutingRows:
     windows: dict[str, int] = field(default_factory=dict)  # provider model -> context window
     context_failover: frozenset[str] = frozenset()  # frontend models that allow it
     classes: tuple[PromptClassSpec, ...] = ()  # in declaration order
-    alerts: dict[str, tuple[float, ...]] = field(default_factory=dict)  # principal name -> thresholds
     body_logs: tuple[BodyLogSpec, ...] = ()  # in declaration order
 
 
@@ -100,7 +95,6 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     windows: dict[str, int] = {}
     failover: set[str] = set()
     classes: list[tuple[int, PromptClassSpec]] = []
-    alerts: dict[str, tuple[float, ...]] = {}
     body_logs: list[tuple[int, BodyLogSpec]] = []
     for kind, name, body in rows:
         p = Problems()
@@ -123,11 +117,6 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
                 pools.append(pool)
         elif kind == "setting" and name == "fallback" and isinstance(value, str):
             fallback = value
-        elif kind == "alerts" and isinstance(value, list):
-            if all(isinstance(a, int | float) and not isinstance(a, bool) and 0 < a <= 1 for a in value):
-                alerts[name] = tuple(sorted(float(a) for a in value))
-            else:
-                p.add(name, "alert thresholds must be fractions of the budget")
         elif kind == "class" and isinstance(value, dict):
             order = value.pop("order", 0)
             spec = parse_prompt_class(p, name, value)
@@ -170,6 +159,5 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
         windows,
         frozenset(failover),
         tuple(spec for _, spec in sorted(classes, key=lambda c: c[0])),
-        alerts,
         tuple(entry for _, entry in sorted(body_logs, key=lambda b: b[0])),
     )

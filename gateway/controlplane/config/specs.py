@@ -148,12 +148,24 @@ class LimitsSpec:
 
 @dataclass(frozen=True, slots=True)
 class BudgetSpec:
-    """What a principal may spend per period: tokens, cost (currency units), or both. Never both None."""
+    """What a principal or a key may spend per period: tokens, cost (currency units), or both (never both
+    None). An owner has at most one budget per period."""
 
     period: str = "month"
     tokens: int | None = None
     cost: float | None = None
     alerts: tuple[float, ...] = ()  # fractions of the budget at which to alert (budget_alerts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The budget table's fields as the file and the admin API write them (unset ones left out)."""
+        out: dict[str, Any] = {"period": self.period}
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+        if self.cost is not None:
+            out["cost"] = self.cost
+        if self.alerts:
+            out["alerts"] = list(self.alerts)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +175,7 @@ class PrincipalSpec:
     limits: LimitsSpec | None = None  # all of the principal's keys together
     # (model name a client calls, limits of this principal calling it), ordered by model name
     model_limits: tuple[tuple[str, LimitsSpec], ...] = ()
-    budget: BudgetSpec | None = None
+    budgets: tuple[BudgetSpec, ...] = ()  # one per period, in the order declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +189,7 @@ class KeySpec:
     # it may call (None: all its principal's). Kept as a routing entry (config.routing_rows).
     allow_ips: tuple[str, ...] = ()
     models: tuple[str, ...] | None = None
+    budgets: tuple[BudgetSpec, ...] = ()  # the key's own, on top of its principal's
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,15 @@ def _toml_budget(spec: BudgetSpec) -> str:
     return "{ " + ", ".join(fields) + " }"
 
 
+def _toml_budgets(specs: tuple[BudgetSpec, ...]) -> list[str]:
+    """An entry's budgets: ``budget = {...}`` for one, as files wrote it before there could be several."""
+    if not specs:
+        return []
+    if len(specs) == 1:
+        return [f"budget = {_toml_budget(specs[0])}"]
+    return ["budgets = [" + ", ".join(_toml_budget(spec) for spec in specs) + "]"]
+
+
 def _rfc3339(ts: float) -> str:
     dt = datetime.fromtimestamp(ts, tz=UTC)
     return dt.isoformat(timespec="microseconds" if ts % 1 else "seconds").replace("+00:00", "Z")
@@ -173,8 +182,7 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         if pr.model_limits:
             entries = ", ".join(f"{toml_key(m)} = {_toml_limits(spec)}" for m, spec in pr.model_limits)
             lines.append(f"model_limits = {{ {entries} }}")
-        if pr.budget is not None:
-            lines.append(f"budget = {_toml_budget(pr.budget)}")
+        lines += _toml_budgets(pr.budgets)
     for k in doc.keys:
         lines += ["", "[[keys]]", f"name = {_toml_str(k.name)}", f"principal = {_toml_str(k.principal)}"]
         if k.secret is not None:
@@ -187,4 +195,5 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"allow_ips = {_toml_list(k.allow_ips)}")
         if k.models is not None:
             lines.append(f"models = {_toml_list(k.models)}")
+        lines += _toml_budgets(k.budgets)
     return "\n".join(lines).lstrip("\n") + "\n"

@@ -22,7 +22,7 @@ from gateway.controlplane.store._columns import MANAGED_BY_API, MANAGED_BY_CLI, 
 from gateway.controlplane.store._credentials import BackendCredential
 from gateway.controlplane.store._document import StoreState
 from gateway.controlplane.store._driver import Driver, SqliteDriver, Transaction
-from gateway.controlplane.store._keys import KeyInfo, PrincipalInfo
+from gateway.controlplane.store._keys import BudgetInfo, KeyInfo, PrincipalInfo
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
 from gateway.controlplane.store._ownership import STORE_OWNER, describe_owner
 from gateway.controlplane.store._store import Store
@@ -35,6 +35,7 @@ __all__ = [
     "STORE_OWNER",
     "AuditEntry",
     "BackendCredential",
+    "BudgetInfo",
     "Driver",
     "KeyInfo",
     "OwnershipConflict",

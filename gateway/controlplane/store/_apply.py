@@ -5,10 +5,10 @@ the desired state; rows missing from it are removed. Keys in the document are up
 marked as managed by the file; a file-managed key that disappears from the document is removed. Keys
 created with ``create_key`` (the CLI) are kept by apply unless their principal is removed. A revoked key
 stays revoked whatever the file says. Principals keep their id across applies (matched by name). Limits
-follow the same rule: those of principals, of their models and of file-managed keys are set from the
-document (absent meaning unlimited); a CLI key keeps the limits it was created with until a file adopts
-it. Each owner (a config file, or the store for the admin API and UI) applies its own entries only
-(``_ownership``).
+and budgets follow the same rule: those of principals, of their models and of file-managed keys are set
+from the document (absent meaning unlimited); a CLI key keeps the limits and budgets it was created with
+until a file adopts it. Each owner (a config file, or the store for the admin API and UI) applies its own
+entries only (``_ownership``).
 
 ``prepare`` does what can fail before the transaction (credentials named by ``api_key_env`` or
 ``api_key_file``, key secrets hashed); ``apply_prepared`` writes inside it, with the audit entry and the
@@ -31,6 +31,7 @@ from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.credentials import Vault
 from gateway.controlplane.store._audit import AuditEntry, write_audit
 from gateway.controlplane.store._columns import (
+    BUDGET_COLUMNS,
     KEY_COLUMNS,
     LIMIT_COLUMNS,
     MANAGED_BY_FILE,
@@ -43,7 +44,7 @@ from gateway.controlplane.store._columns import (
 from gateway.controlplane.store._credentials import seal_backends
 from gateway.controlplane.store._document import read_config_doc, read_owners
 from gateway.controlplane.store._driver import Param, Transaction
-from gateway.controlplane.store._keys import check_hash_free
+from gateway.controlplane.store._keys import check_hash_free, insert_key_budgets
 from gateway.controlplane.store._ownership import KINDS, STORE_OWNER, diff, merge
 from gateway.controlplane.store._revision import bump_revision
 from gateway.errors import ConfigError
@@ -265,7 +266,12 @@ def _apply_principals(tx: Transaction, principals: Sequence[PrincipalSpec]) -> d
     existing: dict[str, str] = {row[1]: row[0] for row in tx.query("SELECT id, name FROM principals")}
     wanted = {p.name for p in principals}
     gone = [(pid,) for name, pid in existing.items() if name not in wanted]
+    # Budgets are rebuilt wholesale, like the link tables: the document holds every principal.
+    tx.execute("DELETE FROM principal_budgets")
     # Explicit rather than relying on ON DELETE CASCADE, which SQLite only honours when enabled.
+    tx.executemany(
+        "DELETE FROM key_budgets WHERE key_id IN (SELECT id FROM api_keys WHERE principal_id = ?)", gone
+    )
     tx.executemany("DELETE FROM api_keys WHERE principal_id = ?", gone)
     tx.executemany("DELETE FROM principals WHERE id = ?", gone)
     ids = {name: pid for name, pid in existing.items() if name in wanted}
@@ -273,9 +279,12 @@ def _apply_principals(tx: Transaction, principals: Sequence[PrincipalSpec]) -> d
     tx.executemany("INSERT INTO principals (id, name) VALUES (?, ?)", new)
     ids.update((name, pid) for pid, name in new)
     tx.executemany(
-        "UPDATE principals SET limit_rpm = ?, limit_tpm = ?, limit_concurrency = ?, budget_period = ?, "
-        "budget_tokens = ?, budget_cost = ? WHERE id = ?",
-        [(*limit_params(p.limits), *budget_params(p.budget), ids[p.name]) for p in principals],
+        "UPDATE principals SET limit_rpm = ?, limit_tpm = ?, limit_concurrency = ? WHERE id = ?",
+        [(*limit_params(p.limits), ids[p.name]) for p in principals],
+    )
+    tx.executemany(
+        f"INSERT INTO principal_budgets (principal_id, seq, {BUDGET_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+        [(ids[p.name], seq, *budget_params(b)) for p in principals for seq, b in enumerate(p.budgets)],
     )
     return ids
 
@@ -288,11 +297,11 @@ def _apply_keys(
         for row in tx.query("SELECT id, name, managed_by FROM api_keys WHERE name IS NOT NULL")
     }
     wanted = {k.name for k in keys}
-    tx.executemany(
-        "DELETE FROM api_keys WHERE id = ?",
-        [(kid,) for name, (kid, by) in existing.items() if by == MANAGED_BY_FILE and name not in wanted],
-    )
+    gone = [(kid,) for name, (kid, by) in existing.items() if by == MANAGED_BY_FILE and name not in wanted]
+    tx.executemany("DELETE FROM key_budgets WHERE key_id = ?", gone)
+    tx.executemany("DELETE FROM api_keys WHERE id = ?", gone)
     now = time.time()
+    ids: list[str] = []  # of the document's keys: their budgets are the document's
     for i, k in enumerate(keys):
         key_hash = hashes.get(k.name)
         found = existing.get(k.name)
@@ -303,10 +312,11 @@ def _apply_keys(
                     "or create it with `gateway keys create`"
                 )
             check_hash_free(tx, key_hash, None, f"keys[{i}]")
+            ids.append(new_id())
             tx.execute(
                 f"INSERT INTO api_keys ({KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)",
                 (
-                    new_id(),
+                    ids[-1],
                     k.name,
                     principal_ids[k.principal],
                     key_hash,
@@ -318,6 +328,7 @@ def _apply_keys(
             )
             continue
         key_id = found[0]
+        ids.append(key_id)
         sets = "principal_id = ?, expires_at = ?, managed_by = ?, limit_rpm = ?, limit_tpm = ?, "
         sets += "limit_concurrency = ?"
         params: list[Param] = [
@@ -331,6 +342,8 @@ def _apply_keys(
             sets += ", key_hash = ?"
             params.append(key_hash)
         tx.execute(f"UPDATE api_keys SET {sets} WHERE id = ?", (*params, key_id))
+    tx.executemany("DELETE FROM key_budgets WHERE key_id = ?", [(kid,) for kid in ids])
+    insert_key_budgets(tx, [(kid, k.budgets) for kid, k in zip(ids, keys, strict=True)])
 
 
 def _with_credential(b: BackendSpec, stored: BackendSpec) -> BackendSpec:

@@ -26,6 +26,7 @@ __all__ = [
     "Row",
     "budget_from",
     "budget_params",
+    "budgets_by_owner",
     "limit_params",
     "limits_from",
     "model_limits_by_principal",
@@ -42,7 +43,8 @@ MANAGED_BY_API = "api"  # created through the admin API, the web UI's included
 
 LIMIT_COLUMNS = "limit_rpm, limit_tpm, limit_concurrency"
 PRICE_COLUMNS = "price_input, price_output, price_cached_input"
-BUDGET_COLUMNS = "budget_period, budget_tokens, budget_cost"
+# Of principal_budgets and key_budgets, after the owner's id; ordered by seq.
+BUDGET_COLUMNS = "period, tokens, cost, alerts"
 KEY_COLUMNS = (
     f"id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, {LIMIT_COLUMNS}"
 )
@@ -79,24 +81,44 @@ def price_from(values: Sequence[Any]) -> PriceSpec | None:
     return PriceSpec(float(values[0]), float(values[1]), None if values[2] is None else float(values[2]))
 
 
-def budget_params(spec: BudgetSpec | None) -> tuple[Param, Param, Param]:
-    if spec is None or (spec.tokens is None and spec.cost is None):  # a budget of nothing is no budget
-        return None, None, None
-    return spec.period, spec.tokens, spec.cost
+def budget_params(spec: BudgetSpec) -> tuple[Param, Param, Param, Param]:
+    """The ``BUDGET_COLUMNS`` of one budget: the alert thresholds as a JSON array (NULL: none)."""
+    return spec.period, spec.tokens, spec.cost, to_json(list(spec.alerts)) if spec.alerts else None
 
 
 def budget_from(values: Sequence[Any]) -> BudgetSpec | None:
-    """The inverse of ``budget_params`` for the three budget columns of a row."""
-    period, tokens, cost = values
+    """The inverse of ``budget_params`` for the four budget columns of a row; None for a budget of
+    nothing (no row holds one unless edited by hand)."""
+    period, tokens, cost, alerts = values
     if period is None or (tokens is None and cost is None):
         return None
+    thresholds: Any = ()
+    if alerts is not None:
+        try:
+            thresholds = orjson.loads(alerts) if isinstance(alerts, str) else None
+        except orjson.JSONDecodeError:
+            thresholds = None
     if (
         not isinstance(period, str)
         or (tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool)))
         or (cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool)))
+        or not isinstance(thresholds, list | tuple)
+        or not all(isinstance(a, int | float) and not isinstance(a, bool) and 0 < a <= 1 for a in thresholds)
     ):  # only a hand-edited row can hold one
         raise StoreError(f"unreadable budget {tuple(values)!r} in the store")
-    return BudgetSpec(period, tokens, None if cost is None else float(cost))
+    return BudgetSpec(
+        period, tokens, None if cost is None else float(cost), tuple(sorted(float(a) for a in thresholds))
+    )
+
+
+def budgets_by_owner(rows: Sequence[Row]) -> dict[str, tuple[BudgetSpec, ...]]:
+    """``(owner id, *BUDGET_COLUMNS)`` rows, in order -> each owner's budgets in that order."""
+    out: dict[str, list[BudgetSpec]] = {}
+    for row in rows:
+        spec = budget_from(row[1:5])
+        if spec is not None:
+            out.setdefault(row[0], []).append(spec)
+    return {owner: tuple(specs) for owner, specs in out.items()}
 
 
 def model_limits_by_principal(rows: Sequence[Row]) -> dict[str, tuple[tuple[str, LimitsSpec], ...]]:

@@ -7,13 +7,12 @@ handed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.controlplane.config.routing_rows import routing_from_rows
 from gateway.controlplane.config.specs import (
     BackendSpec,
-    BudgetSpec,
     ConfigDoc,
     KeySpec,
     ModelSpec,
@@ -30,7 +29,7 @@ from gateway.controlplane.store._columns import (
     MANAGED_BY_FILE,
     PRICE_COLUMNS,
     Row,
-    budget_from,
+    budgets_by_owner,
     limits_from,
     model_limits_by_principal,
     price_from,
@@ -63,7 +62,10 @@ class StoreState:
     # (id, name, principal_id, key_hash, created_at, expires_at, revoked_at, managed_by, *limits)
     keys: Sequence[Row]
     prices: Sequence[Row] = ()  # (name, input, output, cached_input) of priced models and provider models
-    budgets: Sequence[Row] = ()  # (principal_id, period, tokens, cost) of principals with a budget
+    # (owner id, period, tokens, cost, alerts as JSON) of every principal's and every key's budget, by owner
+    # and in declaration order.
+    budgets: Sequence[Row] = ()
+    key_budgets: Sequence[Row] = ()
     routing: Sequence[Row] = ()  # (kind, name, JSON body): see routing_rows
 
 
@@ -113,8 +115,9 @@ def read_state(tx: Transaction, vault: Vault | None, include_revoked_keys: bool 
             "WHERE price_input IS NOT NULL ORDER BY 1"
         ),
         budgets=tx.query(
-            f"SELECT id, {BUDGET_COLUMNS} FROM principals WHERE budget_period IS NOT NULL ORDER BY id"
+            f"SELECT principal_id, {BUDGET_COLUMNS} FROM principal_budgets ORDER BY principal_id, seq"
         ),
+        key_budgets=tx.query(f"SELECT key_id, {BUDGET_COLUMNS} FROM key_budgets ORDER BY key_id, seq"),
         routing=tx.query("SELECT kind, name, body FROM routing_entries ORDER BY kind, name"),
     )
 
@@ -147,7 +150,8 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
     principal_names = {row[0]: row[1] for row in st.principals}
     model_limits = model_limits_by_principal(st.principal_model_limits)
     prices = {row[0]: price_from(row[1:4]) for row in st.prices}
-    budgets = {row[0]: budget_from(row[1:4]) for row in st.budgets}
+    budgets = budgets_by_owner(st.budgets)
+    key_budgets = budgets_by_owner(st.key_budgets)
     routing = routing_from_rows(st.routing)
     return ConfigDoc(
         backends=tuple(
@@ -187,7 +191,7 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
                 tuple(roles_of.get(row[0], ())),
                 limits_from(row[2:5]),
                 model_limits.get(row[0], ()),
-                _with_alerts(budgets.get(row[0]), routing.alerts.get(row[1], ())),
+                budgets.get(row[0], ()),
             )
             for row in st.principals
         ),
@@ -200,6 +204,7 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
                 limits_from(k[8:11]),
                 tuple(routing.keys.get(k[1], {}).get("allow_ips", ())),
                 _key_models(routing.keys.get(k[1], {})),
+                key_budgets.get(k[0], ()),
             )
             for k in sorted(st.keys, key=lambda k: str(k[1]))
             if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names
@@ -220,10 +225,6 @@ def _stored_credential(value: object) -> Any:
     """A stored credential for the merge: opened, or ``CREDENTIAL_UNREADABLE``, which an apply that does
     not give the backend a new one keeps as it is stored (a lost key must not cost every other write)."""
     return value if isinstance(value, str) or value is CREDENTIAL_UNREADABLE else None
-
-
-def _with_alerts(budget: BudgetSpec | None, alerts: tuple[float, ...]) -> BudgetSpec | None:
-    return replace(budget, alerts=alerts) if budget is not None and alerts else budget
 
 
 def _key_models(rule: dict[str, Any]) -> tuple[str, ...] | None:

@@ -1,14 +1,17 @@
 """API keys and principals as the CLI and the admin API see them: a new key (only its keyed hash is
-stored), revoking one, and the listings of keys and principals, which never show a secret. What a config
-file declares about keys is applied by ``_apply``. I/O: the transaction it is handed (``new_key`` does
-none).
+stored) with its limits and budgets, revoking one, the listings of keys and principals, which never show
+a secret, and every budget with its owner (``read_budgets``). What a config file declares about keys is
+applied by ``_apply``. I/O: the transaction it is handed (``new_key`` does none).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.controlplane.config.parser import parse_budgets
+from gateway.controlplane.config.problems import Problems
 from gateway.controlplane.config.specs import LIMIT_FIELDS, BudgetSpec, LimitsSpec
 from gateway.controlplane.config.values import check_limit, check_name
 from gateway.controlplane.store._audit import AuditEntry, write_audit
@@ -17,6 +20,8 @@ from gateway.controlplane.store._columns import (
     KEY_COLUMNS,
     LIMIT_COLUMNS,
     budget_from,
+    budget_params,
+    budgets_by_owner,
     limit_params,
     limits_from,
     model_limits_by_principal,
@@ -29,12 +34,15 @@ from gateway.errors import ConfigError, StoreConflict
 from gateway.keys import generate_secret, hash_secret
 
 __all__ = [
+    "BudgetInfo",
     "KeyInfo",
     "NewKey",
     "PrincipalInfo",
     "check_hash_free",
     "insert_key",
+    "insert_key_budgets",
     "new_key",
+    "read_budgets",
     "read_key_name",
     "read_keys",
     "read_principals",
@@ -55,6 +63,7 @@ class KeyInfo:
     revoked_at: float | None
     managed_by: str  # "file" | "cli" | "api"
     limits: LimitsSpec | None = None
+    budgets: tuple[BudgetSpec, ...] = ()  # its own, on top of its principal's
 
     def status(self, now: float | None = None) -> str:
         if self.revoked_at is not None:
@@ -72,7 +81,18 @@ class PrincipalInfo:
     active_keys: int  # keys neither revoked nor expired
     limits: LimitsSpec | None = None
     model_limits: tuple[tuple[str, LimitsSpec], ...] = ()  # ordered by model name
-    budget: BudgetSpec | None = None
+    budgets: tuple[BudgetSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetInfo:
+    """One budget and whose it is: a principal's (``key_id`` None) or one key's."""
+
+    principal_id: str
+    principal: str  # its name (a key's: its principal's)
+    key_id: str | None
+    key: str | None  # the key's name, or its id when it has none; None for a principal's budget
+    spec: BudgetSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +104,13 @@ class NewKey:
     secret: str
     key_hash: str
     limits: LimitsSpec | None
+    budgets: tuple[BudgetSpec, ...] = ()
 
 
-def new_key(name: str | None, hash_key: bytes, limits: LimitsSpec | None) -> NewKey:
-    """A new key's id and secret, its name and limits checked (``ConfigError``); no I/O."""
+def new_key(
+    name: str | None, hash_key: bytes, limits: LimitsSpec | None, budgets: Sequence[BudgetSpec] = ()
+) -> NewKey:
+    """A new key's id and secret, its name, limits and budgets checked (``ConfigError``); no I/O."""
     if name is not None and (problem := check_name(name)):
         raise ConfigError(f"key name {problem}")
     for field, value in zip(LIMIT_FIELDS, limit_params(limits), strict=True):
@@ -95,8 +118,13 @@ def new_key(name: str | None, hash_key: bytes, limits: LimitsSpec | None) -> New
             raise ConfigError(f"key limit {field} {problem}")
     if limits is not None and limits.is_empty():
         limits = None
+    # The file's own checks, on the budgets' table form: the same rules wherever a key gets them.
+    p = Problems()
+    checked = parse_budgets(p, "key", {"budgets": [spec.as_dict() for spec in budgets]})
+    if p.lines:
+        raise ConfigError("; ".join(p.lines), param=p.first_place)
     secret = generate_secret()
-    return NewKey(new_id(), name, secret, hash_secret(secret, hash_key).hex(), limits)
+    return NewKey(new_id(), name, secret, hash_secret(secret, hash_key).hex(), limits, checked)
 
 
 def insert_key(
@@ -129,8 +157,19 @@ def insert_key(
         "expires_at": expires_at,
     }
     detail["limits"] = None if limits is None else dict(zip(LIMIT_FIELDS, limit_params(limits), strict=True))
+    if key.budgets:
+        insert_key_budgets(tx, [(key.id, key.budgets)])
+        detail["budgets"] = [spec.as_dict() for spec in key.budgets]
     write_audit(tx, AuditEntry(actor, "key.create", f"keys/{name or key.id}", None, to_json(detail)))
     bump_revision(tx)
+
+
+def insert_key_budgets(tx: Transaction, budgets: Sequence[tuple[str, Sequence[BudgetSpec]]]) -> None:
+    """Store each key's budgets (``(key id, budgets)``), in their order."""
+    tx.executemany(
+        f"INSERT INTO key_budgets (key_id, seq, {BUDGET_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+        [(kid, seq, *budget_params(spec)) for kid, specs in budgets for seq, spec in enumerate(specs)],
+    )
 
 
 def revoke(tx: Transaction, key_id_or_name: str, actor: str) -> str:
@@ -179,6 +218,9 @@ def read_keys(tx: Transaction, principal: str | None) -> list[KeyInfo]:
         if not tx.query("SELECT 1 FROM principals WHERE name = ?", (principal,)):
             raise ConfigError(f"no principal named {principal!r}")
         rows = tx.query(sql + " WHERE p.name = ? ORDER BY k.created_at, k.id", (principal,))
+    budgets = budgets_by_owner(
+        tx.query(f"SELECT key_id, {BUDGET_COLUMNS} FROM key_budgets ORDER BY key_id, seq")
+    )
     return [
         KeyInfo(
             id=r[0],
@@ -190,14 +232,18 @@ def read_keys(tx: Transaction, principal: str | None) -> list[KeyInfo]:
             revoked_at=None if r[6] is None else float(r[6]),
             managed_by=r[7],
             limits=limits_from(r[8:11]),
+            budgets=budgets.get(r[0], ()),
         )
         for r in rows
     ]
 
 
 def read_principals(tx: Transaction, now: float) -> list[PrincipalInfo]:
-    """Every principal with its roles, its keys active at ``now``, its limits and budget."""
-    principals = tx.query(f"SELECT id, name, {LIMIT_COLUMNS}, {BUDGET_COLUMNS} FROM principals ORDER BY name")
+    """Every principal with its roles, its keys active at ``now``, its limits and budgets."""
+    principals = tx.query(f"SELECT id, name, {LIMIT_COLUMNS} FROM principals ORDER BY name")
+    budgets = budgets_by_owner(
+        tx.query(f"SELECT principal_id, {BUDGET_COLUMNS} FROM principal_budgets ORDER BY principal_id, seq")
+    )
     roles = tx.query("SELECT principal_id, role FROM principal_roles ORDER BY role")
     model_limits = tx.query(
         f"SELECT principal_id, model, {LIMIT_COLUMNS} FROM principal_model_limits ORDER BY model"
@@ -220,7 +266,33 @@ def read_principals(tx: Transaction, now: float) -> list[PrincipalInfo]:
             active.get(row[0], 0),
             limits_from(row[2:5]),
             models_of.get(row[0], ()),
-            budget_from(row[5:8]),
+            budgets.get(row[0], ()),
         )
         for row in principals
     ]
+
+
+def read_budgets(tx: Transaction) -> list[BudgetInfo]:
+    """Every budget: each principal's (by name), then each unrevoked key's (by principal, then key)."""
+    out = [
+        BudgetInfo(pid, name, None, None, spec)
+        for pid, name, *values in tx.query(
+            f"SELECT p.id, p.name, {_prefixed('b')} FROM principal_budgets b "
+            "JOIN principals p ON p.id = b.principal_id ORDER BY p.name, b.seq"
+        )
+        if (spec := budget_from(values)) is not None
+    ]
+    out += [
+        BudgetInfo(pid, name, kid, key_name or kid, spec)
+        for pid, name, kid, key_name, *values in tx.query(
+            f"SELECT p.id, p.name, k.id, k.name, {_prefixed('b')} FROM key_budgets b "
+            "JOIN api_keys k ON k.id = b.key_id JOIN principals p ON p.id = k.principal_id "
+            "WHERE k.revoked_at IS NULL ORDER BY p.name, k.created_at, k.id, b.seq"
+        )
+        if (spec := budget_from(values)) is not None
+    ]
+    return out
+
+
+def _prefixed(table: str) -> str:
+    return ", ".join(f"{table}.{column.strip()}" for column in BUDGET_COLUMNS.split(","))

@@ -16,10 +16,10 @@ through the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
-from gateway.controlplane.config.specs import ConfigDoc, LimitsSpec
+from gateway.controlplane.config.specs import BudgetSpec, ConfigDoc, LimitsSpec
 from gateway.controlplane.credentials import Vault
 from gateway.controlplane.store._apply import apply_prepared, prepare
 from gateway.controlplane.store._audit import AuditEntry, read_audit, write_audit
@@ -33,10 +33,12 @@ from gateway.controlplane.store._credentials import (
 from gateway.controlplane.store._document import StoreState, read_config_doc, read_owners, read_state
 from gateway.controlplane.store._driver import Driver
 from gateway.controlplane.store._keys import (
+    BudgetInfo,
     KeyInfo,
     PrincipalInfo,
     insert_key,
     new_key,
+    read_budgets,
     read_key_name,
     read_keys,
     read_principals,
@@ -138,11 +140,12 @@ class Store:
         managed_by: str = MANAGED_BY_CLI,
         *,
         actor: str,
+        budgets: Sequence[BudgetSpec] = (),
     ) -> tuple[str, str]:
-        """A new key for ``principal``; returns ``(key_id, secret)``. Only the secret's hash is stored.
-        ``managed_by`` says where it was made: ``cli`` or ``api`` (the admin API and web UI); the audit
-        entry names ``actor``, the key and its principal."""
-        key = new_key(name, hash_key, limits)
+        """A new key for ``principal``, with its own limits and budgets; returns ``(key_id, secret)``.
+        Only the secret's hash is stored. ``managed_by`` says where it was made: ``cli`` or ``api`` (the
+        admin API and web UI); the audit entry names ``actor``, the key and its principal."""
+        key = new_key(name, hash_key, limits, budgets)
         with self._driver.transaction(write=True) as tx:
             insert_key(tx, key, principal, expires_at, managed_by, actor)
         return key.id, key.secret
@@ -165,6 +168,11 @@ class Store:
         now = time.time()
         with self._driver.transaction(write=False) as tx:
             return read_principals(tx, now)
+
+    def budgets(self) -> list[BudgetInfo]:
+        """Every principal's and every unrevoked key's budgets, with their owners' names."""
+        with self._driver.transaction(write=False) as tx:
+            return read_budgets(tx)
 
     # --- backend credentials ---------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Usage records in the store: idempotent batch inserts, spend per budget window, and summaries.
+"""Usage records in the store: idempotent batch inserts, spend per budget window (of principals and of
+keys), and summaries.
 
 Records arrive in batches from the control worker, which reads them out of the proxy workers' rings. A
 batch may be replayed after a crash (the ring's tail only moves once the batch is committed), so insert
@@ -7,7 +8,7 @@ skips request ids already present and reports which records were new. All SQL is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any
@@ -21,13 +22,15 @@ __all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
 
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
-    "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_key, "
-    "client_request_id, attempts, tag, cut, rule, trace, span"
+    "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_keys, "
+    "client_request_id, attempts, tag, cut, rule, trace, span, key_budget_keys"
 )
-_WIDTH = 23  # columns, as many as a record has fields
+_WIDTH = 24  # columns, as many as a record has fields
+# Read back: the record's columns and the one budget counter of a row from before record version 7.
+_READ = f"{_COLUMNS}, budget_key"
 _ROW = f"({', '.join(['?'] * _WIDTH)})"
 # Rows per INSERT: one statement of many rows binds and steps once per statement rather than once per row
-# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 368 parameters, under every driver's limit.
+# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 384 parameters, under every driver's limit.
 _ROWS_PER_INSERT = 16
 
 
@@ -45,10 +48,12 @@ _row = UsageRecord.row
 
 @dataclass(frozen=True, slots=True)
 class SpendRow:
-    """Tokens and cost one principal spent in a window, split by the live counter that also holds it."""
+    """Tokens and cost one principal (or one key) spent in a window, split by the live counters that also
+    hold them: those of its budgets' windows the requests were added to (unsigned 64-bit keys, as the
+    bucket table names them; empty for none)."""
 
-    principal_id: str
-    budget_key: int | None  # unsigned 64-bit, as the bucket table names it
+    owner_id: str  # the principal's id, or the key's
+    budget_keys: frozenset[int]
     tokens: int
     cost_nanos: int
 
@@ -141,20 +146,44 @@ class UsageStore:
             return int(tx.query("SELECT COUNT(*) FROM usage_records")[0][0])
 
     def spend(self, start: float, end: float, principal_ids: Sequence[str] | None = None) -> list[SpendRow]:
-        """Tokens and cost per principal and live counter for records that ended in [start, end)."""
+        """Tokens and cost per principal and list of its budgets' live counters, for records that ended
+        in [start, end)."""
         sql = (
-            "SELECT principal_id, budget_key, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
+            "SELECT principal_id, budget_keys, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
             "WHERE ts >= ? AND ts < ?"
         )
-        params: list[str | float] = [start, end]
-        if principal_ids is not None:
-            if not principal_ids:
-                return []
-            sql += f" AND principal_id IN ({', '.join(['?'] * len(principal_ids))})"
-            params += principal_ids
+        group = " GROUP BY principal_id, budget_keys"
         with self._driver.transaction(write=False) as tx:
-            rows = tx.query(sql + " GROUP BY principal_id, budget_key", params)
-        return [SpendRow(r[0], to_unsigned64(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in rows]
+            if principal_ids is None:
+                rows = tx.query(sql + group, (start, end))
+            else:
+                rows = []
+                for i in range(0, len(principal_ids), _CHUNK):
+                    chunk = list(principal_ids[i : i + _CHUNK])
+                    marks = ", ".join(["?"] * len(chunk))
+                    rows += tx.query(f"{sql} AND principal_id IN ({marks}){group}", [start, end, *chunk])
+        return _spend_rows(rows)
+
+    def key_spend(self, start: float, end: float, principal_of: Mapping[str, str]) -> list[SpendRow]:
+        """Tokens and cost per key of ``principal_of`` (key id -> its principal's id) and list of the
+        key's own budgets' live counters, for records that ended in [start, end). The principal narrows
+        the search to its index."""
+        sql = (
+            "SELECT key_id, key_budget_keys, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
+            "WHERE ts >= ? AND ts < ?"
+        )
+        keys = sorted(principal_of)
+        rows: list[Sequence[Any]] = []
+        with self._driver.transaction(write=False) as tx:
+            for i in range(0, len(keys), _CHUNK):
+                chunk = keys[i : i + _CHUNK]
+                owners = sorted({principal_of[k] for k in chunk})
+                rows += tx.query(
+                    f"{sql} AND principal_id IN ({', '.join(['?'] * len(owners))}) "
+                    f"AND key_id IN ({', '.join(['?'] * len(chunk))}) GROUP BY key_id, key_budget_keys",
+                    [start, end, *owners, *chunk],
+                )
+        return _spend_rows(rows)
 
     def summary(self, start: float, end: float, by: str, bucket: int | None = None) -> list[UsageSummaryRow]:
         """Totals for records that ended in [start, end), grouped by principal name, key, model, backend or
@@ -194,7 +223,7 @@ class UsageStore:
 
     def records(self, *, limit: int = 100, principal_id: str | None = None) -> list[UsageRecord]:
         """The most recent records, newest first."""
-        sql = f"SELECT {_COLUMNS} FROM usage_records"
+        sql = f"SELECT {_READ} FROM usage_records"
         params: list[str | int] = []
         if principal_id is not None:
             sql += " WHERE principal_id = ?"
@@ -208,8 +237,8 @@ class UsageStore:
         (which several requests may share), newest first."""
         with self._driver.transaction(write=False) as tx:
             rows = tx.query(
-                f"SELECT {_COLUMNS} FROM usage_records WHERE request_id = ? "
-                f"UNION ALL SELECT {_COLUMNS} FROM usage_records WHERE client_request_id = ? "
+                f"SELECT {_READ} FROM usage_records WHERE request_id = ? "
+                f"UNION ALL SELECT {_READ} FROM usage_records WHERE client_request_id = ? "
                 "AND request_id <> ? ORDER BY ts DESC LIMIT 20",
                 [request_id, request_id, request_id],
             )
@@ -217,8 +246,32 @@ class UsageStore:
 
 
 def _record(r: Sequence[Any]) -> UsageRecord:
-    trace, span = r[21], r[22]
-    values = [*r[:15], to_unsigned64(r[15]), r[16], 1 if r[17] is None else r[17], r[18], r[19], r[20]]
-    values.append(orjson.loads(trace) if isinstance(trace, str) else None)
-    values.append(orjson.loads(span) if isinstance(span, str) else None)
+    keys, trace, span, own, before = r[15], r[21], r[22], r[23], r[24]
+    if keys is None and before is not None:
+        budget_keys: Any = [to_unsigned64(before)]  # a row from before record version 7
+    else:
+        budget_keys = _json(keys)
+    values = [*r[:15], budget_keys, r[16], 1 if r[17] is None else r[17], r[18], r[19], r[20]]
+    values += [_json(trace), _json(span), _json(own)]
     return UsageRecord._make(values)
+
+
+def _json(text: object) -> Any:
+    return orjson.loads(text) if isinstance(text, str) else None
+
+
+def _spend_rows(rows: Sequence[Sequence[Any]]) -> list[SpendRow]:
+    """Rows of ``(owner, key list as JSON text, tokens, cost)``, each distinct list parsed once."""
+    parsed: dict[object, frozenset[int]] = {None: frozenset()}
+    out = []
+    for owner, keys, tokens, cost in rows:
+        held = parsed.get(keys)
+        if held is None:
+            try:
+                value = orjson.loads(keys) if isinstance(keys, str) else None
+            except orjson.JSONDecodeError:
+                value = None
+            listed = value if isinstance(value, list) else ()
+            held = parsed[keys] = frozenset(k for k in listed if type(k) is int)
+        out.append(SpendRow(str(owner), held, int(tokens or 0), int(cost or 0)))
+    return out

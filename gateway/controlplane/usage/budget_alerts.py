@@ -1,13 +1,17 @@
-"""Budget alerts: when a principal's spend in its current budget window crosses one of its thresholds
-(``alerts = [0.5, 0.8, 1.0]`` in its budget), say so once per threshold and window: a WARNING log line on
-``gateway.controlplane``, the Prometheus gauges ``gateway_budget_used_ratio`` and
-``gateway_budget_alert_threshold`` (the highest threshold reached), and, when ``--budget-alert-webhook``
-is set, a JSON POST to that URL from the control worker.
+"""Budget alerts: when the spend in a budget's current window crosses one of its thresholds (``alerts =
+[0.5, 0.8, 1.0]`` in the budget), say so once per threshold and window, for every budget of every
+principal and every key: a WARNING log line on ``gateway.controlplane``, the Prometheus gauges
+``gateway_budget_used_ratio`` and ``gateway_budget_alert_threshold`` (the highest threshold reached), and,
+when ``--budget-alert-webhook`` is set, a JSON POST to that URL from the control worker.
+
+The gauges of a principal's budget carry the labels ``principal`` and ``period``, as they did when a
+principal had one budget and keys none; those of a key's budget add ``key`` (its name, or its id when it
+has none), so ``{key=""}`` selects the principals' own.
 
 The spend is the window's live counter plus its base, read from the host's bucket table, as the request
-path enforces it. Which thresholds fired is kept in memory per window: a control worker that restarts
-says once more what the current window has already crossed. I/O: the webhook POST (``send``); the rest
-reads shared memory only.
+path enforces it. Which thresholds fired is kept in memory per budget and window: a control worker that
+restarts says once more what the current windows have already crossed. I/O: the webhook POST (``send``);
+the rest reads shared memory only.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import httpx
 
 from gateway.budget import Budget, format_money
 
-__all__ = ["Alert", "BudgetAlerts", "send"]
+__all__ = ["Alert", "BudgetAlerts", "WatchedWindow", "send"]
 
 log = logging.getLogger("gateway.controlplane")
 
@@ -30,8 +34,21 @@ _LONGEST_WINDOW = 400 * 86400.0  # what a window's fired thresholds are remember
 
 
 @dataclass(frozen=True, slots=True)
+class WatchedWindow:
+    """One budget's current window as the alerts see it: whose it is, and what it holds."""
+
+    budget: Budget
+    principal: str  # the principal's name (a key's budget: its principal's)
+    key: str | None  # a key's budget: the key's name, or its id; None for a principal's budget
+    tokens: int
+    cost_nanos: int
+
+
+@dataclass(frozen=True, slots=True)
 class Alert:
     principal: str
+    key: str | None  # None: the principal's own budget
+    key_id: str | None
     period: str
     threshold: float
     used: float  # the larger of the tokens and cost fractions
@@ -49,15 +66,23 @@ class Alert:
             else f"{format_money(self.cost_nanos)} of {format_money(self.cost_limit_nanos or 0)}"
         )
         resets = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.window_end))
+        whose = (
+            f"principal {self.principal}"
+            if self.key is None
+            else f"key {self.key} (principal {self.principal})"
+        )
         return (
-            f"budget alert: principal {self.principal} has used {self.used:.0%} of its {self.period} budget "
+            f"budget alert: {whose} has used {self.used:.0%} of its {self.period} budget "
             f"({spent}), past its {self.threshold:.0%} threshold; the window resets at {resets}"
         )
 
     def document(self) -> dict[str, Any]:
         return {
             "event": "budget_threshold",
+            "scope": "principal" if self.key is None else "key",
             "principal": self.principal,
+            "key": self.key,
+            "key_id": self.key_id,
             "period": self.period,
             "threshold": self.threshold,
             "used": round(self.used, 6),
@@ -73,52 +98,35 @@ class Alert:
 
 class BudgetAlerts:
     def __init__(self) -> None:
-        self.thresholds: dict[str, tuple[float, ...]] = {}  # principal id -> ascending thresholds
-        self._fired: dict[tuple[str, float], float] = {}  # (principal id, window start) -> highest fired
-        self.gauges: dict[tuple[str, str], tuple[float, float]] = {}  # (name, period) -> (used, reached)
+        # (budget owner, period, window start) -> the highest threshold fired in that window
+        self._fired: dict[tuple[str, str, float], float] = {}
+        # (principal name, key name or None, period) -> (used, highest threshold reached)
+        self.gauges: dict[tuple[str, str | None, str], tuple[float, float]] = {}
 
-    def set_thresholds(self, principals: dict[str, Any]) -> None:
-        self.thresholds = {
-            pid: tuple(sorted(float(t) for t in alerts))
-            for pid, doc in principals.items()
-            if (alerts := (doc.get("budget") or {}).get("alerts"))
-        }
-
-    def check(
-        self,
-        budgets: dict[str, Budget],
-        spend: dict[str, tuple[int, int]],
-        names: dict[str, str],
-        now: float,
-    ) -> list[Alert]:
-        """The alerts newly due: ``spend`` is each budget's current window spend (tokens, nano-units)."""
+    def check(self, windows: list[WatchedWindow], now: float) -> list[Alert]:
+        """The alerts newly due, from each budget's current window spend."""
         due: list[Alert] = []
-        gauges: dict[tuple[str, str], tuple[float, float]] = {}
-        for pid, budget in budgets.items():
-            if pid not in spend:
-                continue
-            tokens, cost = spend[pid]
-            used = max(
-                tokens / budget.tokens if budget.tokens else 0.0,
-                cost / budget.cost if budget.cost else 0.0,
-            )
+        gauges: dict[tuple[str, str | None, str], tuple[float, float]] = {}
+        for w in windows:
+            budget = w.budget
+            used = budget.used(w.tokens, w.cost_nanos)
             start, end = budget.window(now)
-            thresholds = self.thresholds.get(pid, ())
-            reached = max((t for t in thresholds if used >= t), default=0.0)
-            name = names.get(pid, pid)
-            gauges[(name, budget.period)] = (used, reached)
-            fired = self._fired.get((pid, start), 0.0)
-            if reached > fired:
-                self._fired[(pid, start)] = reached
+            reached = max((t for t in budget.alerts if used >= t), default=0.0)
+            gauges[(w.principal, w.key, budget.period)] = (used, reached)
+            window = (budget.owner, budget.period, start)
+            if reached > self._fired.get(window, 0.0):
+                self._fired[window] = reached
                 due.append(
                     Alert(
-                        name,
+                        w.principal,
+                        w.key,
+                        budget.key_id,
                         budget.period,
                         reached,
                         used,
-                        tokens,
+                        w.tokens,
                         budget.tokens,
-                        cost,
+                        w.cost_nanos,
                         budget.cost,
                         start,
                         end,
@@ -126,31 +134,32 @@ class BudgetAlerts:
                 )
         self.gauges = gauges
         # Windows that have ended need no memory of what they fired.
-        self._fired = {k: v for k, v in self._fired.items() if k[1] + _LONGEST_WINDOW > now}
+        self._fired = {k: v for k, v in self._fired.items() if k[2] + _LONGEST_WINDOW > now}
         for alert in due:
             log.warning("%s", alert.message())
         return due
 
     def render(self) -> list[str]:
+        rows = sorted(self.gauges.items(), key=lambda item: (item[0][0], item[0][1] or "", item[0][2]))
         out = [
             "# HELP gateway_budget_used_ratio Spend in the current budget window over the budget (the larger "
             "of tokens and cost).",
             "# TYPE gateway_budget_used_ratio gauge",
         ]
-        for (name, period), (used, _) in sorted(self.gauges.items()):
-            out.append(
-                f'gateway_budget_used_ratio{{principal="{_escape(name)}",period="{period}"}} {used:.6f}'
-            )
+        out += [f"gateway_budget_used_ratio{{{_labels(*labels)}}} {used:.6f}" for labels, (used, _) in rows]
         out += [
             "# HELP gateway_budget_alert_threshold The highest alert threshold the current window has "
             "reached (0: none).",
             "# TYPE gateway_budget_alert_threshold gauge",
         ]
-        for (name, period), (_, reached) in sorted(self.gauges.items()):
-            out.append(
-                f'gateway_budget_alert_threshold{{principal="{_escape(name)}",period="{period}"}} {reached:g}'
-            )
+        out += [f"gateway_budget_alert_threshold{{{_labels(*labels)}}} {top:g}" for labels, (_, top) in rows]
         return out
+
+
+def _labels(principal: str, key: str | None, period: str) -> str:
+    if key is None:
+        return f'principal="{_escape(principal)}",period="{period}"'
+    return f'principal="{_escape(principal)}",key="{_escape(key)}",period="{period}"'
 
 
 def _escape(value: str) -> str:
@@ -160,9 +169,10 @@ def _escape(value: str) -> str:
 async def send(client: httpx.AsyncClient, url: str, alerts: list[Alert]) -> None:
     """POST each alert to the webhook; a failure is logged and not retried (the log line stands)."""
     for alert in alerts:
+        whose = alert.principal if alert.key is None else f"key {alert.key}"
         try:
             resp = await client.post(url, json=alert.document(), timeout=WEBHOOK_TIMEOUT)
             if resp.status_code >= 300:
-                log.warning("budget alert webhook answered HTTP %d for %s", resp.status_code, alert.principal)
+                log.warning("budget alert webhook answered HTTP %d for %s", resp.status_code, whose)
         except httpx.HTTPError as exc:
-            log.warning("budget alert webhook failed for %s: %s", alert.principal, exc)
+            log.warning("budget alert webhook failed for %s: %s", whose, exc)

@@ -1,9 +1,10 @@
 """Usage retention: which usage records may be purged, and purging them in small batches.
 
-Records older than ``--usage-retention-days`` go, except those inside the current window of any budget:
-budgets read their spend from the records (``UsageStore.spend``), so a record a budget still counts is
-kept until its window has passed, and a purge never changes what a budget has left. The cutoff is
-therefore the earlier of "now less the retention" and the start of the oldest current budget window.
+Records older than ``--usage-retention-days`` go, except those inside the current window of any budget
+(a principal's or a key's): budgets read their spend from the records (``UsageStore.spend``), so a record
+a budget still counts is kept until its window has passed, and a purge never changes what a budget has
+left. The cutoff is therefore the earlier of "now less the retention" and the start of the oldest
+current budget window.
 Summaries (``gateway usage``, ``GET /admin/usage``) that reach back before ``purged_before`` say so.
 
 ``Purger`` runs in the control worker's loop: one batch (``BATCH`` rows, one short transaction) per
@@ -32,7 +33,7 @@ def retention_cutoff(store: Store, days: float, now: float) -> tuple[float, floa
     """``(cutoff, budget window start)``: records that ended before ``cutoff`` may go; the second value
     is the budget window that pulled the cutoff earlier than ``days`` asked, or None."""
     wanted = now - days * DAY
-    starts = [period_window(p.budget.period, now)[0] for p in store.principals() if p.budget is not None]
+    starts = [period_window(b.spec.period, now)[0] for b in store.budgets()]
     oldest = min(starts, default=wanted)
     return (oldest, oldest) if oldest < wanted else (wanted, None)
 

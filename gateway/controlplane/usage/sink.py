@@ -1,19 +1,21 @@
 """The control worker's end of the usage pipeline: drain the proxy workers' rings into the store, and
-keep each budget's *base* spend in shared memory.
+keep each budget window's *base* spend in shared memory.
 
 Draining reads a batch from every ring without consuming it, writes the decoded records in one
 transaction (a request id already stored is skipped), and only then advances each ring's tail. A crash in
 between replays the batch, which inserts nothing twice: every record is written exactly once, and a
 control-worker restart loses none (the rings live in the supervisor's segment).
 
-A budget's spend in the current window is ``live + base`` (see ``gateway.dataplane.budgets``). Workers add
-every request they charge to the live counter named by the window's key; the record carries that key. So
-the base is exactly the window's stored spend *not* carried by that key: records from before this bucket
-table existed, from other hosts, or from workers that had no budget for the principal yet. It is
-recomputed from the store at start, when budgets change, when a window rolls over, and every
-``refresh_interval`` seconds (which picks up other hosts); in between, each newly stored record that the
-live counter does not hold is added to the base as it is drained. Recomputing only ever happens between
-drains, in this one task, so no record is counted twice or missed.
+Every budget (each of a principal's, each of a key's, one per period) has its own window and its own
+spend there, ``live + base`` (see ``gateway.dataplane.budgets``). Workers add every request to the live
+counter of each window it answers to, named by the window's key; the record lists those keys, the
+principal's budgets' and the key's apart. So a window's base is exactly its stored spend (the principal's,
+or the key's) *not* carried by its key: records from before this bucket table existed, from other hosts,
+or from workers that did not have that budget yet. It is recomputed from the store at start, when budgets
+change, when a window rolls over, and every ``refresh_interval`` seconds (which picks up other hosts); in
+between, each newly stored record that a window's live counter does not hold is added to that base as it
+is drained. Recomputing only ever happens between drains, in this one task, so no record is counted twice
+or missed in any window.
 I/O: the store; the shared usage rings and bucket table.
 """
 
@@ -22,15 +24,16 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from gateway.budget import Budget, window_key
+from gateway.budget import KEY_OWNER, Budget, budgets_from_doc, window_key
 from gateway.controlplane.store import Store
-from gateway.controlplane.usage.budget_alerts import Alert, BudgetAlerts
+from gateway.controlplane.store._usage import SpendRow
+from gateway.controlplane.usage.budget_alerts import Alert, BudgetAlerts, WatchedWindow
 from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.otel import OtelExporter
 from gateway.controlplane.usage.requests_view import FlightRecorder
@@ -52,11 +55,15 @@ BATCH_PER_RING = 2048
 
 @dataclass(slots=True)
 class _Base:
+    """One budget's current window in a host's bucket table: its live counter's key, and the spend the
+    store holds that the counter does not."""
+
+    budget: Budget
     key: int
     start: float
     end: float
-    tokens: int
-    cost: int
+    tokens: int = 0
+    cost: int = 0
 
 
 class UsageSink:
@@ -77,13 +84,18 @@ class UsageSink:
         self.table = table
         self.epoch = epoch
         self.refresh_interval = refresh_interval
-        self.budgets: dict[str, Budget] = {}
+        self.budgets: list[Budget] = []  # every principal's and every key's, from the last snapshot
+        self.key_principal: dict[str, str] = {}  # key id -> principal id, of keys with budgets
+        self.key_names: dict[str, str] = {}  # key id -> its name (its id when it has none)
         self.metrics = Metrics()
         # Where access-log lines go (the control worker's stdout), or None for none.
         self.access_log: Callable[[bytes], object] | None = None
         self.principal_names: dict[str, str] = {}
         self.alerts = BudgetAlerts()
-        self.bases: dict[str, _Base] = {}
+        self.bases: list[_Base] = []
+        # The same bases by owner: what a record's principal and key find their windows by.
+        self._principal_bases: dict[str, list[_Base]] = {}
+        self._key_bases: dict[str, list[_Base]] = {}
         self.malformed = 0
         self.written = 0
         self._refreshed_at = 0.0
@@ -161,50 +173,67 @@ class UsageSink:
         return sum(self.ring.pending(i) for i in range(self.ring.rings))
 
     # -- budgets --------------------------------------------------------------------------------------
-    def set_budgets(self, principals: dict[str, Any], now: float | None = None) -> None:
-        """Take the budgets of a newly published snapshot document's principals, and recompute."""
+    def set_budgets(
+        self, principals: dict[str, Any], keys: dict[str, Any] | None = None, *, now: float | None = None
+    ) -> None:
+        """Take the budgets of a newly published snapshot document's principals and keys, and recompute."""
         self.principal_names = {pid: str(doc.get("name", pid)) for pid, doc in principals.items()}
-        budgets = {}
-        for pid, doc in principals.items():
-            budget = Budget.from_doc(pid, doc.get("budget"))
-            if budget is not None:
-                budgets[pid] = budget
+        budgets = [b for pid, doc in principals.items() for b in budgets_from_doc(pid, doc)]
+        self.key_principal, self.key_names = {}, {}
+        for entry in (keys or {}).values():
+            if not entry.get("budgets") or entry.get("principal") not in principals:
+                continue
+            key_id = str(entry["id"])
+            own = budgets_from_doc(KEY_OWNER + key_id, entry)
+            if own:
+                budgets += own
+                self.key_principal[key_id] = str(entry["principal"])
+                self.key_names[key_id] = str(entry.get("name") or key_id)
         self.budgets = budgets
-        self.alerts.set_thresholds(principals)
         self.recompute(now)
+
+    def watched(self) -> list[WatchedWindow]:
+        """Every budget's current window with its spend, live plus base, as the request path sees it."""
+        out = []
+        for base in self.bases:
+            tokens, cost = self.table.spend(base.key)
+            key_id = base.budget.key_id
+            if key_id is None:
+                principal = self.principal_names.get(base.budget.owner, base.budget.owner)
+                out.append(WatchedWindow(base.budget, principal, None, tokens, cost))
+            else:
+                pid = self.key_principal.get(key_id, "")
+                principal = self.principal_names.get(pid, pid)
+                out.append(
+                    WatchedWindow(base.budget, principal, self.key_names.get(key_id, key_id), tokens, cost)
+                )
+        return out
 
     def check_alerts(self, now: float | None = None) -> list[Alert]:
         """The budget alerts newly due, from each budget's current window spend (live plus base)."""
-        now = time.time() if now is None else now
-        spend = {pid: self.table.spend(base.key) for pid, base in self.bases.items()}
-        return self.alerts.check(self.budgets, spend, self.principal_names, now)
+        return self.alerts.check(self.watched(), time.time() if now is None else now)
 
     def tick(self, now: float | None = None) -> None:
         """Recompute when a window rolled over or the refresh interval passed."""
         now = time.time() if now is None else now
-        rolled = any(not base.start <= now < base.end for base in self.bases.values())
+        rolled = any(not base.start <= now < base.end for base in self.bases)
         if rolled or now - self._refreshed_at >= self.refresh_interval:
             self.recompute(now)
 
     def recompute(self, now: float | None = None) -> None:
-        """Set every budget's base from the store. Call between drains only."""
+        """Set every budget window's base from the store. Call between drains only."""
         now = time.time() if now is None else now
-        by_window: dict[tuple[float, float], list[str]] = {}
-        for pid, budget in self.budgets.items():
-            by_window.setdefault(budget.window(now), []).append(pid)
-        bases: dict[str, _Base] = {}
-        for (start, end), pids in by_window.items():
-            for pid in pids:
-                key = window_key(self.epoch, pid, self.budgets[pid].period, start)
-                bases[pid] = _Base(key, start, end, 0, 0)
-            for row in self.store.usage.spend(start, end, pids):
-                base = bases[row.principal_id]
-                if row.budget_key != base.key:
-                    base.tokens += row.tokens
-                    base.cost += row.cost_nanos
-        for base in bases.values():
+        bases = self._bases(self.epoch, now)
+        for base in bases:
             self.table.spend_set_base(base.key, base.tokens, base.cost)
         self.bases = bases
+        self._principal_bases, self._key_bases = {}, {}
+        for base in bases:
+            key_id = base.budget.key_id
+            if key_id is None:
+                self._principal_bases.setdefault(base.budget.owner, []).append(base)
+            else:
+                self._key_bases.setdefault(key_id, []).append(base)
         self._refreshed_at = now
 
     def bases_for(self, epoch: str, now: float | None = None) -> dict[str, list[int]]:
@@ -212,39 +241,76 @@ class UsageSink:
         store holds that the live counter of that host (named by its ``epoch``) does not. Keyed by the
         window key (as a decimal string) in that host's table."""
         now = time.time() if now is None else now
-        by_window: dict[tuple[float, float], list[str]] = {}
-        for pid, budget in self.budgets.items():
-            by_window.setdefault(budget.window(now), []).append(pid)
-        out: dict[str, list[int]] = {}
-        for (start, end), pids in by_window.items():
-            keys = {pid: window_key(epoch, pid, self.budgets[pid].period, start) for pid in pids}
-            base = {pid: [0, 0] for pid in pids}
-            for row in self.store.usage.spend(start, end, pids):
-                if row.budget_key != keys[row.principal_id]:
-                    base[row.principal_id][0] += row.tokens
-                    base[row.principal_id][1] += row.cost_nanos
-            out.update({str(keys[pid]): value for pid, value in base.items()})
+        return {str(base.key): [base.tokens, base.cost] for base in self._bases(epoch, now)}
+
+    def _bases(self, epoch: str, now: float) -> list[_Base]:
+        """Every budget's current window in the table of ``epoch``, its base summed from the store: one
+        query per distinct window for the principals' budgets, one for the keys'."""
+        by_window: dict[tuple[float, float], list[_Base]] = {}
+        for budget in self.budgets:
+            start, end = budget.window(now)
+            base = _Base(budget, window_key(epoch, budget.owner, budget.period, start), start, end)
+            by_window.setdefault((start, end), []).append(base)
+        out: list[_Base] = []
+        for (start, end), bases in by_window.items():
+            principal: dict[str, list[_Base]] = {}
+            key: dict[str, list[_Base]] = {}
+            for base in bases:
+                key_id = base.budget.key_id
+                if key_id is None:
+                    principal.setdefault(base.budget.owner, []).append(base)
+                else:
+                    key.setdefault(key_id, []).append(base)
+            if principal:
+                _add_unheld(principal, self.store.usage.spend(start, end, list(principal)))
+            if key:
+                owners = {k: self.key_principal[k] for k in key}
+                _add_unheld(key, self.store.usage.key_spend(start, end, owners))
+            out += bases
         return out
 
     def _folds(self, r: UsageRecord) -> bool:
-        """Whether a record, once stored, belongs in its budget's base: it spent something in the
-        current window of a budget whose live counter does not hold it."""
-        base = self.bases.get(r.principal_id)
-        return (
-            base is not None
-            and r.budget_key != base.key
-            and base.start <= r.ts < base.end
-            and (r.total_tokens > 0 or r.cost_nanos > 0)
-        )
+        """Whether a record, once stored, belongs in any budget's base: it spent something in the
+        current window of a budget (its principal's or its key's) whose live counter does not hold it."""
+        if r.total_tokens <= 0 and r.cost_nanos <= 0:
+            return False
+        # Plain loops: this runs for every record stored, most of them with nothing to fold.
+        for base in self._principal_bases.get(r.principal_id, ()):
+            if _misses(base, r.ts, r.budget_keys):
+                return True
+        for base in self._key_bases.get(r.key_id, ()):  # noqa: SIM110 (no generator per record)
+            if _misses(base, r.ts, r.key_budget_keys):
+                return True
+        return False
 
     def _fold(self, records: list[UsageRecord]) -> None:
-        """Add newly stored records that the live counter does not hold to their budget's base."""
-        changed: set[str] = set()
+        """Add newly stored records to the bases of the windows whose live counters do not hold them."""
+        changed: dict[int, _Base] = {}
         for r in records:
-            base = self.bases[r.principal_id]
-            base.tokens += r.total_tokens
-            base.cost += r.cost_nanos
-            changed.add(r.principal_id)
-        for pid in changed:
-            base = self.bases[pid]
+            for base in self._principal_bases.get(r.principal_id, ()):
+                if _misses(base, r.ts, r.budget_keys):
+                    base.tokens += r.total_tokens
+                    base.cost += r.cost_nanos
+                    changed[base.key] = base
+            for base in self._key_bases.get(r.key_id, ()):
+                if _misses(base, r.ts, r.key_budget_keys):
+                    base.tokens += r.total_tokens
+                    base.cost += r.cost_nanos
+                    changed[base.key] = base
+        for base in changed.values():
             self.table.spend_set_base(base.key, base.tokens, base.cost)
+
+
+def _misses(base: _Base, ts: float, keys: Sequence[int] | None) -> bool:
+    """Whether a record that ended at ``ts`` belongs in ``base``'s window without its live counter
+    holding it (``keys``: the counters the record names for the same owner)."""
+    return base.start <= ts < base.end and (keys is None or base.key not in keys)
+
+
+def _add_unheld(bases: dict[str, list[_Base]], rows: list[SpendRow]) -> None:
+    """Add to each owner's bases the spend rows their live counters do not hold."""
+    for row in rows:
+        for base in bases.get(row.owner_id, ()):
+            if base.key not in row.budget_keys:
+                base.tokens += row.tokens
+                base.cost += row.cost_nanos

@@ -1,5 +1,5 @@
 """Usage and spend as documents, for the CLI (``gateway usage``, ``gateway budgets``) and the admin API
-alike, so the two always say the same thing. I/O: the store reads ``budget_report`` makes."""
+(and its web UI) alike, so they always say the same thing. I/O: the store reads ``budget_report`` makes."""
 
 from __future__ import annotations
 
@@ -30,29 +30,35 @@ def usage_groups(rows: Sequence[UsageSummaryRow]) -> list[dict[str, Any]]:
 
 
 def budget_report(store: Store, now: float) -> list[dict[str, Any]]:
-    """Every principal with a budget: its current window and what it spent there, from the store."""
+    """Every budget of every principal and every unrevoked key: its current window and what its owner
+    spent there, from the store. The principals' budgets first, then the keys', each in declared order."""
     out: list[dict[str, Any]] = []
-    for p in store.principals():
-        if p.budget is None:
-            continue
-        start, end = period_window(p.budget.period, now)
-        spent = store.usage.spend(start, end, [p.id])
+    for b in store.budgets():
+        spec = b.spec
+        start, end = period_window(spec.period, now)
+        if b.key_id is None:
+            spent = store.usage.spend(start, end, [b.principal_id])
+        else:
+            spent = store.usage.key_spend(start, end, {b.key_id: b.principal_id})
         tokens = sum(r.tokens for r in spent)
         cost = sum(r.cost_nanos for r in spent)
-        exceeded = (p.budget.tokens is not None and tokens >= p.budget.tokens) or (
-            p.budget.cost is not None and cost >= round(p.budget.cost * NANOS)
+        exceeded = (spec.tokens is not None and tokens >= spec.tokens) or (
+            spec.cost is not None and cost >= round(spec.cost * NANOS)
         )
         out.append(
             {
-                "principal": p.name,
-                "period": p.budget.period,
+                "scope": "principal" if b.key_id is None else "key",
+                "principal": b.principal,
+                "key": b.key,
+                "period": spec.period,
                 "window_start": start,
                 "window_end": end,
                 "tokens": tokens,
-                "tokens_limit": p.budget.tokens,
+                "tokens_limit": spec.tokens,
                 "cost": cost / NANOS,
-                "cost_limit": p.budget.cost,
+                "cost_limit": spec.cost,
                 "exceeded": exceeded,
+                "alerts": list(spec.alerts),
             }
         )
     return out

@@ -1,6 +1,7 @@
-// Keys and principals: create a key (its secret shown once), revoke one; principals with their roles,
-// limits and budgets, and (with config:write) an editor for them. Forms and buttons appear only for the
-// permissions the session holds; the API checks them again.
+// Keys and principals: create a key (its secret shown once, with its own limits and budget), revoke one;
+// keys and principals with their limits and every budget window with its spend, and (with config:write)
+// an editor for principals. Forms and buttons appear only for the permissions the session holds; the API
+// checks them again.
 
 import { DASH, badge, clear, errorBox, field, fmtLimits, fmtNum, fmtTime, h, ownerText, section, table } from "./dom.js";
 
@@ -58,14 +59,19 @@ function createKeyForm(ctx, principalNames, onCreated) {
   const name = h("input", { name: "name", placeholder: "optional" });
   const expires = h("input", { type: "datetime-local", name: "expires" });
   const limits = Object.fromEntries(LIMIT_FIELDS.map(([n]) => [n, numberInput(n)]));
+  const budget = budgetInputs("key-budget-periods");
   const status = h("div");
   const form = h(
     "form",
     { id: "create-key", class: "grid-form" },
+    budget.list,
     field("Principal", principal),
     field("Name", name),
     field("Expires", expires, "local time; empty: never"),
     LIMIT_FIELDS.map(([n, label]) => field(label, limits[n], "empty: no limit")),
+    field("Budget period", budget.period, "the key's own, on top of its principal's; empty: none"),
+    field("Budget tokens", budget.tokens),
+    field("Budget cost", budget.cost),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary write" }, "Create key")),
     status,
   );
@@ -77,6 +83,8 @@ function createKeyForm(ctx, principalNames, onCreated) {
     if (expires.value) body.expires_at = Math.floor(new Date(expires.value).getTime() / 1000);
     const l = limitsOf(limits);
     if (l) body.limits = l;
+    const b = budget.value();
+    if (b) body.budgets = [b];
     try {
       const created = await ctx.api("POST", "/admin/keys", body);
       form.reset();
@@ -88,18 +96,34 @@ function createKeyForm(ctx, principalNames, onCreated) {
   return form;
 }
 
+/** A budget's three inputs (period, tokens, cost) and its period suggestions; ``value()`` is the budget
+ * they describe, or null when all are empty. */
+function budgetInputs(listId) {
+  const period = h("input", { name: "period", list: listId, placeholder: "month" });
+  const tokens = numberInput("budget_tokens");
+  const cost = h("input", { type: "number", min: 0, step: "any", name: "budget_cost" });
+  const list = h("datalist", { id: listId }, ["day", "month", "7d", "1h"].map((p) => h("option", { value: p })));
+  const value = () => {
+    if (!period.value.trim() && !tokens.value && !cost.value) return null;
+    const out = { period: period.value.trim() || "month" };
+    if (tokens.value) out.tokens = Number(tokens.value);
+    if (cost.value) out.cost = Number(cost.value);
+    return out;
+  };
+  return { period, tokens, cost, list, value };
+}
+
 function principalEditor(ctx, roles, onSaved) {
   const name = h("input", { name: "name", required: true });
   const roleBoxes = roles.map((r) => h("input", { type: "checkbox", name: "role", value: r.name }));
   const limits = Object.fromEntries(LIMIT_FIELDS.map(([n]) => [n, numberInput(n)]));
-  const period = h("input", { name: "period", list: "budget-periods", placeholder: "month" });
-  const tokens = numberInput("budget_tokens");
-  const cost = h("input", { type: "number", min: 0, step: "any", name: "budget_cost" });
+  const budget = budgetInputs("budget-periods");
+  const { period, tokens, cost } = budget;
   const status = h("div");
   const form = h(
     "form",
     { id: "principal-editor", class: "grid-form" },
-    h("datalist", { id: "budget-periods" }, ["day", "month", "7d", "1h"].map((p) => h("option", { value: p }))),
+    budget.list,
     field("Name", name, "an existing name edits that principal"),
     h(
       "fieldset",
@@ -108,7 +132,7 @@ function principalEditor(ctx, roles, onSaved) {
       roles.length ? roleBoxes.map((box, i) => h("label", {}, box, roles[i].name)) : h("span", { class: "muted" }, "no roles"),
     ),
     LIMIT_FIELDS.map(([n, label]) => field(label, limits[n], "empty: no limit")),
-    field("Budget period", period, "day, month or a window like 7d; empty: no budget"),
+    field("Budget period", period, "its first budget: day, month or a window like 7d; empty: none. Others are kept"),
     field("Budget tokens", tokens),
     field("Budget cost", cost),
     h("div", { class: "actions" }, h("button", { type: "submit", class: "primary write" }, "Save principal")),
@@ -130,13 +154,14 @@ function principalEditor(ctx, roles, onSaved) {
       const l = limitsOf(limits);
       if (l) entry.limits = l;
       else delete entry.limits;
-      if (period.value.trim() || tokens.value || cost.value) {
-        entry.budget = { period: period.value.trim() || "month" };
-        if (tokens.value) entry.budget.tokens = Number(tokens.value);
-        if (cost.value) entry.budget.cost = Number(cost.value);
-      } else {
-        delete entry.budget;
-      }
+      // The form edits the first budget (keeping its alert thresholds); any others stay as they are.
+      const had = entry.budgets || (entry.budget ? [entry.budget] : []);
+      delete entry.budget;
+      const first = budget.value();
+      if (first && had[0] && had[0].alerts) first.alerts = had[0].alerts;
+      const budgets = first ? [first, ...had.slice(1)] : had.slice(1);
+      if (budgets.length) entry.budgets = budgets;
+      else delete entry.budgets;
       await ctx.api("PUT", path, entry);
       status.append(h("p", { class: "ok-note" }, `Principal ${name.value.trim()} saved.`));
       onSaved();
@@ -156,14 +181,21 @@ function principalEditor(ctx, roles, onSaved) {
   return { form, load };
 }
 
-function budgetText(p, spend) {
-  if (!p.budget) return DASH;
-  const b = p.budget;
-  const caps = [b.tokens ? `${fmtNum(b.tokens)} tokens` : null, b.cost ? `${fmtNum(b.cost)} cost` : null];
-  const text = `${caps.filter(Boolean).join(" · ")} per ${b.period}`;
-  if (!spend) return text;
-  const used = [b.tokens ? `${fmtNum(spend.tokens)} tokens` : null, b.cost ? `${fmtNum(spend.cost)} cost` : null];
-  return [text, h("br"), h("small", { class: spend.exceeded ? "bad-text" : "muted" }, `spent ${used.filter(Boolean).join(" · ")}${spend.exceeded ? " (exceeded)" : ""}`)];
+/** Every budget of a principal or key, one a line, each with what its current window has spent.
+ * ``spendOf(period)`` finds that window in GET /admin/budgets. */
+function budgetText(budgets, spendOf) {
+  if (!budgets || !budgets.length) return DASH;
+  return budgets.flatMap((b, i) => {
+    const caps = [b.tokens ? `${fmtNum(b.tokens)} tokens` : null, b.cost ? `${fmtNum(b.cost)} cost` : null];
+    const out = i ? [h("br")] : [];
+    out.push(`${caps.filter(Boolean).join(" · ")} per ${b.period}`);
+    const spend = spendOf(b.period);
+    if (spend) {
+      const used = [b.tokens ? `${fmtNum(spend.tokens)} tokens` : null, b.cost ? `${fmtNum(spend.cost)} cost` : null];
+      out.push(h("br"), h("small", { class: spend.exceeded ? "bad-text" : "muted" }, `spent ${used.filter(Boolean).join(" · ")}${spend.exceeded ? " (exceeded)" : ""}`));
+    }
+    return out;
+  });
 }
 
 export async function render(main, ctx) {
@@ -187,7 +219,8 @@ export async function render(main, ctx) {
       ctx.api("GET", "/admin/principals"),
       ctx.can("usage:read") ? ctx.api("GET", "/admin/budgets") : Promise.resolve([]),
     ]);
-    const spend = new Map(budgets.map((b) => [b.principal, b]));
+    // Each window's spend, by whose budget it is: "principal|period" or "principal|key|period".
+    const spend = new Map(budgets.map((b) => [[b.principal, ...(b.key === null ? [] : [b.key]), b.period].join("|"), b]));
     clear(keysSlot).append(
       table(
         [
@@ -198,6 +231,7 @@ export async function render(main, ctx) {
           ["Created", (k) => fmtTime(k.created_at)],
           ["Expires", (k) => (k.expires_at ? fmtTime(k.expires_at) : "never")],
           ["Limits", (k) => fmtLimits(k.limits)],
+          ["Budgets", (k) => budgetText(k.budgets, (period) => spend.get([k.principal, k.name || k.id, period].join("|")))],
           ["Managed by", (k) => MADE_BY[k.managed_by] || k.managed_by],
           [
             "",
@@ -223,7 +257,7 @@ export async function render(main, ctx) {
             "Model limits",
             (p) => Object.entries(p.model_limits || {}).map(([m, l]) => `${m}: ${fmtLimits(l)}`).join("; "),
           ],
-          ["Budget", (p) => budgetText(p, spend.get(p.name))],
+          ["Budget", (p) => budgetText(p.budgets, (period) => spend.get([p.name, period].join("|")))],
           ["Owner", (p) => ownerText(p.owner)],
           [
             "",

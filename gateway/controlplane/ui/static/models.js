@@ -1,5 +1,5 @@
 // Models: frontend models with their routing rules, provider models, backends, pools, and the dry-run
-// form (paste a request, see which rule matched and where it would go).
+// form (paste a request, see which rule matched, where it would go, and whether a budget would refuse it).
 
 import { DASH, compactJson, errorBox, field, fmtNum, h, ownerText, section, table } from "./dom.js";
 
@@ -88,6 +88,9 @@ function dryRunResult(answer) {
   if (notes.some(Boolean)) parts.push(h("p", { class: "muted" }, notes.filter(Boolean).join(" · ")));
   if (answer.refused) {
     parts.push(h("p", { class: "refused" }, `Refused with ${answer.refused.status}: ${answer.refused.message ?? ""}`));
+  }
+  if (answer.budget_refusal) {
+    parts.push(h("p", { class: "refused" }, `A budget would refuse it with 402: ${answer.budget_refusal}`));
   }
   parts.push(
     table(

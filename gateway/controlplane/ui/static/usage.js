@@ -1,5 +1,6 @@
 // Usage: tokens and requests over time per principal, model, key or backend, as SVG charts, with the
-// totals, the budgets, and a CSV export of the same query (GET /admin/usage?format=csv).
+// totals, every budget window of principals and keys, and a CSV export of the same query
+// (GET /admin/usage?format=csv).
 
 import { colours, lineChart, stackedBarChart } from "./chart.js";
 import { DASH, badge, clear, field, fmtNum, fmtTime, h, section, table } from "./dom.js";
@@ -126,13 +127,14 @@ export async function render(main, ctx) {
       table(
         [
           ["Principal", (b) => b.principal],
+          ["Key", (b) => (b.key === null ? DASH : b.key)],
           ["Period", (b) => `${b.period} (until ${fmtTime(b.window_end)})`],
           ["Tokens", (b) => `${fmtNum(b.tokens)} / ${b.tokens_limit === null ? DASH : fmtNum(b.tokens_limit)}`, "num"],
           ["Cost", (b) => `${fmtNum(b.cost)} / ${b.cost_limit === null ? DASH : fmtNum(b.cost_limit)}`, "num"],
           ["", (b) => (b.exceeded ? badge("exceeded", "bad") : badge("within", "ok"))],
         ],
         spend,
-        "No principal has a budget.",
+        "No principal or key has a budget.",
         { id: "budgets" },
       ),
     );
