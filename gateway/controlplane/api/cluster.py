@@ -7,7 +7,8 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
   the whole batch with 400, so the sender keeps it rather than losing it quietly.
 - ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view;
-  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
+  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``). A
+  report whose ``traffic`` is not request counts per scope gets 400 and is not kept.
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
 And, without authentication, ``GET /metrics``: Prometheus text (``usage.metrics``), and the admin web UI's
