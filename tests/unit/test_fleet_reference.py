@@ -243,23 +243,23 @@ def test_the_incremental_fleet_grants_what_the_reference_grants(start: int, acti
     play(start, actions)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_many_hosts_and_scopes_in_long_runs(seed: int) -> None:
-    """Longer than the property test's sequences: 40 hosts, 30 scopes, traffic moving between them, hosts
-    leaving and joining, silences and a control-plane restart, 3,000 reports."""
+    """Longer than the property test's sequences: up to 40 hosts, 30 scopes, traffic moving between them,
+    hosts joining and losing their grants, silences and a control-plane restart, 2,000 reports."""
     rng = random.Random(seed)
     clock = Clock()
     fleets: dict[str, Any] = {"ref": ReferenceFleet(clock), "new": Fleet(clock)}
     scopes = [f"s{i}" for i in range(30)]
     hosts = [Host(f"h{i}") for i in range(40)]
-    for step in range(3000):
+    for step in range(2000):
         clock.now += rng.choice([0.01, 0.1, 0.5])
-        host = rng.choice(hosts[: 10 + step // 100])
+        host = rng.choice(hosts[: 10 + step // 60])
         busy = rng.sample(scopes, rng.randint(0, 5))
-        host.report(fleets, {s: rng.randint(0, 50) * (1 + (step // 500) % 3) for s in busy})
-        if step % 700 == 699:
+        host.report(fleets, {s: rng.randint(0, 50) * (1 + (step // 300) % 3) for s in busy})
+        if step % 500 == 499:
             clock.now += rng.choice([2 * TTL, SILENCE + 5])
-        if step == 1500:
+        if step == 1000:
             fleets = {"ref": ReferenceFleet(clock), "new": Fleet(clock)}
         if rng.random() < 0.01:
             hosts[rng.randrange(len(hosts))].held = {"ref": {}, "new": {}}
