@@ -188,3 +188,23 @@ def test_a_warm_up_that_nobody_reported_in_is_not_over() -> None:
     """Found by the property test: a control plane restarted and heard nothing for its first TTL, then
     granted the first claimant the whole limit while the other host still held it."""
     _run(2, [("report", 1, {}), ("report", 0, {}), ("restart-control",), ("wait", 30.0), ("report", 0, {})])
+
+
+def test_a_scope_held_at_the_bound_costs_the_other_hosts_nothing() -> None:
+    """300 hosts, each the only one with traffic in its own scope, which it holds whole: every other host
+    has exactly its default left there, so no grant names another host's scope (the rounding of 1/H must
+    not make each of them look a hair too full), and the held shares stay within the bound."""
+    clock = Clock()
+    fleet = Fleet(clock)
+    hosts = {f"h{i}": Host(f"h{i}") for i in range(300)}
+    for _ in range(4):
+        for name, host in hosts.items():
+            clock.now += 10 / len(hosts)
+            host.report(fleet, {f"own:{name}": 50}, clock)
+    for name, host in hosts.items():
+        assert set(host.grants[-1].shares) <= {f"own:{name}"}, host.grants[-1].shares
+        assert host.grants[-1].of(f"own:{name}") > 0.99
+        assert host.grants[-1].default == 1 / 300
+    for name in ("own:h0", "own:h150", "own:h299"):
+        total = sum(h.may_enforce(name, clock.now) for h in hosts.values())
+        assert total <= overshoot_bound(300) + 1e-12

@@ -10,7 +10,8 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   them (each a ``bodies.stored.StoredBodies`` row); written idempotently by request id, answered
   ``{"accepted": n}``. A row that does not read fails the batch with 400.
 - ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view;
-  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``).
+  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``). A
+  report whose ``traffic`` is not request counts per scope gets 400 and is not kept.
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
 And, without authentication, ``GET /metrics``: Prometheus text (``usage.metrics``), and the admin web UI's

@@ -15,6 +15,7 @@ I/O: the host's run-state file and its host-id file; shared memory reads.
 
 from __future__ import annotations
 
+import heapq
 import os
 import secrets
 import socket
@@ -27,7 +28,8 @@ from typing import Any
 import orjson
 
 from gateway.config import Settings
-from gateway.controlplane.fleet.shares import Grant, ShareLedger, compute_shares
+from gateway.controlplane.fleet.shares import Grant, ShareLedger
+from gateway.controlplane.fleet.traffic import RecentTraffic, traffic_window
 from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.regions import SharedRegions
@@ -197,16 +199,21 @@ class Fleet:
     reports arrive, but a stretch in which no host at all reported for longer than ``SILENCE`` counts as
     ``SILENCE`` only. Such a stretch is this control plane's own outage or a network cut in front of it,
     not every host dying at once, and the hosts kept enforcing their grants through it: the first host to
-    report afterwards must not be handed the shares of the others, which have not had their turn yet."""
+    report afterwards must not be handed the shares of the others, which have not had their turn yet.
+
+    A report costs the reporting host's scopes, not the number of hosts: the traffic totals and the held
+    shares are kept summed per scope (``fleet.traffic``, ``fleet.holdings``), and the hosts are found
+    for forgetting in the order they were heard (a heap), not by visiting them all."""
 
     def __init__(self, clock: Any = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}  # host: (heard time, report)
+        # (heard time, host) of every report kept: a host's entry before its latest is passed over.
+        self._due: list[tuple[float, str]] = []
+        self._proxies: set[str] = set()  # the hosts whose latest report says they are proxy hosts
         self._seen_at: dict[str, float] = {}  # host: the clock's time of its last report (for ages)
-        # Recent traffic per host and scope: an exponential average over report windows (half from the
-        # last window), so that a quiet window does not throw a busy host back to its floor at once.
-        self._recent: dict[str, dict[str, float]] = {}
+        self.traffic = RecentTraffic()
         self._last_report: float = clock()
         self._heard: float = self._last_report
         # Two TTLs: a host cut off from the control plane keeps its grant for a TTL, then its default,
@@ -219,47 +226,56 @@ class Fleet:
 
     def record(self, report: dict[str, Any]) -> dict[str, Any]:
         """Keep a report; returns the reporting host's shares: ``{"shares": {scope: share},
-        "default_share": x, "hosts": n}``."""
+        "default_share": x, "hosts": n}``. Raises BadRequest for a report whose traffic is not counts,
+        before anything is kept."""
         with self._lock:
             return self._record(report)
 
     def _record(self, report: dict[str, Any]) -> dict[str, Any]:
         host = str(report.get("host") or "unknown")
+        window = traffic_window(report.get("traffic"))
+        proxy = report.get("role") == "proxy"
         real: float = self._clock()
         now = self._heard = self.heard_time(real)
         self._last_report = real
         self._reports[host] = (now, report)
+        heapq.heappush(self._due, (now, host))
         self._seen_at[host] = real
-        window = report.get("traffic") or {}
-        recent = self._recent.setdefault(host, {})
-        for scope in set(recent) | set(window):
-            value = 0.5 * recent.get(scope, 0.0) + 0.5 * float(window.get(scope, 0))
-            if value < 0.01:
-                recent.pop(scope, None)
-            else:
-                recent[scope] = value
+        self._count(host, proxy)
+        self.traffic.record(host, window)
         self._expire(now)  # the expired stop counting as hosts
-        proxies = sorted(h for h, (_, r) in self._reports.items() if r.get("role") == "proxy")
-        if host not in proxies:
-            return {"shares": {}, "default_share": 1.0, "hosts": len(proxies)}
-        targets = compute_shares({h: self._recent.get(h, {}) for h in proxies}, proxies)[host]
-        held = report.get("held") or {}
-        claimed_hosts = held.get("hosts", 0) if isinstance(held, dict) else 0
+        hosts = len(self._proxies)
+        if not proxy:
+            return {"shares": {}, "default_share": 1.0, "hosts": hosts}
+        held = report.get("held")
         granted = self.ledger.grant(
             host,
-            proxies,
-            targets,
+            hosts,
+            self.traffic.targets(host, 1.0 / hosts),
+            self.traffic.busy,
             now,
             claim=Grant.from_claim(held),
-            claimed_hosts=claimed_hosts if isinstance(claimed_hosts, int) else 0,
         )
-        return {"shares": granted.shares, "default_share": granted.default, "hosts": len(proxies)}
+        return {"shares": granted.shares, "default_share": granted.default, "hosts": hosts}
+
+    def _count(self, host: str, proxy: bool) -> None:
+        if proxy:
+            self._proxies.add(host)
+        else:
+            self._proxies.discard(host)
+        self.traffic.count(host, proxy)
+        self.ledger.count(host, proxy)
 
     def _expire(self, now: float) -> None:
-        for host in [h for h, (at, _) in self._reports.items() if now - at > TTL]:
+        while self._due and now - self._due[0][0] > TTL:
+            at, host = heapq.heappop(self._due)
+            kept = self._reports.get(host)
+            if kept is None or kept[0] != at:
+                continue  # heard again since
             del self._reports[host]
             self._seen_at.pop(host, None)
-            self._recent.pop(host, None)
+            self._count(host, False)
+            self.traffic.forget(host)
             self.ledger.forget(host, now)
 
     def view(self) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 Every host enforces each limit exactly, locally, on its share of it: limit * share. Once per report
 window the control plane works out each host's *target*: its fraction of the scope's recent traffic, but
 never below 1/H (H proxy hosts), so that a host that was idle still admits its floor rather than refusing
-everything while the scope is far under its limit (``compute_shares``). With fractions f_h summing to 1,
+everything while the scope is far under its limit (``fleet.traffic``). With fractions f_h summing to 1,
 targets sum to 1 + Σ_{f_h < 1/H} (1/H - f_h) ≤ (2H - 1)/H: under twice the limit, and exactly the limit
 when traffic is spread evenly.
 
@@ -35,35 +35,39 @@ Left open, both documented: a brand-new host that is the very first to report to
 plane is taken for the first host of a new cluster; and a host cut off from the control plane on its own,
 while the others are heard, for more than two TTLs is taken for gone, though it may still serve on its
 last default share.
+
+Cost: one grant costs the scopes the reporting host has traffic in or holds, plus the scopes where what
+the other hosts hold leaves it less room than its default (or, while its default is squeezed, more),
+never the number of hosts. What the others hold is kept summed per scope (``fleet.holdings``), and a
+grant names only the scopes whose share differs from its default: a host enforces ``shares.get(scope,
+default)``, so naming a scope at its default would change nothing but the size of every later grant.
+
+Rooms are worked out in integers (``fleet.holdings``) and rounded down to a share, so a grant never takes
+more than the room the sums show. One tolerance: a scope whose room falls short of the host's default by
+no more than the sums' rounding (``slack``: a unit per host and a little for the floats, 4e-15 of the
+limit at 2,000 hosts) is left to the default. A scope at the bound exactly (one busy host holding all the
+room it has, the usual case) shows that little shortfall, because 1/H has no exact binary form and each
+default is rounded up; without the tolerance every such scope would be visited on every other host's
+report. So the held shares of a scope may sum past B by that much: far less than the floats' own error
+on a sum of a thousand shares, and than the 1e-12 the ledger takes for equal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+import heapq
+from collections.abc import Container, Mapping
 
-__all__ = ["Grant", "ShareLedger", "compute_shares", "overshoot_bound"]
+from gateway.controlplane.fleet.holdings import Grant, Held, HeldSums, share_of, units
+
+__all__ = ["Grant", "ShareLedger", "overshoot_bound"]
 
 _EPS = 1e-12
 
 
-def compute_shares(
-    traffic: Mapping[str, Mapping[str, float]], hosts: list[str]
-) -> dict[str, dict[str, float]]:
-    """``traffic[host][scope]`` = the scope's traffic on that host in the last window; returns the target
-    ``shares[host][scope]`` for every scope any host saw. Scopes a host has no entry for get 1/H there."""
-    if not hosts:
-        return {}
-    floor = 1.0 / len(hosts)
-    scopes = {scope for host in hosts for scope in traffic.get(host, {})}
-    shares: dict[str, dict[str, float]] = {host: {} for host in hosts}
-    for scope in scopes:
-        total = sum(traffic.get(host, {}).get(scope, 0.0) for host in hosts)
-        for host in hosts:
-            fraction = traffic.get(host, {}).get(scope, 0.0) / total if total > 0 else floor
-            shares[host][scope] = max(floor, fraction)
-    return shares
+def slack(hosts: int) -> int:
+    """Units a room may fall short of a host's default by before the host is told so: the rounding up of
+    each host's term (a unit each) and of the floats the bound and the floor are (2**8 units each)."""
+    return 2 * hosts + 1024
 
 
 def overshoot_bound(hosts: int) -> float:
@@ -71,50 +75,19 @@ def overshoot_bound(hosts: int) -> float:
     return (2 * hosts - 1) / hosts if hosts > 0 else 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What a host enforces: ``shares[scope]``, and ``default`` for every scope not named."""
-
-    shares: dict[str, float] = field(default_factory=dict)
-    default: float = 1.0
-
-    def of(self, scope: str) -> float:
-        return self.shares.get(scope, self.default)
-
-    @classmethod
-    def from_claim(cls, claim: Any) -> Grant | None:
-        """A host's report of what it holds (``{"shares": {...}, "default_share": x}``), or None."""
-        if not isinstance(claim, Mapping) or "default_share" not in claim:
-            return None
-        try:
-            shares = {str(k): float(v) for k, v in (claim.get("shares") or {}).items()}
-            return cls(shares, float(claim["default_share"]))
-        except (TypeError, ValueError, AttributeError):
-            return None
-
-
-@dataclass(slots=True)
-class _Held:
-    current: Grant
-    previous: Grant | None = None
-
-    def of(self, scope: str) -> float:
-        now = self.current.of(scope)
-        return now if self.previous is None else max(now, self.previous.of(scope))
-
-    def scopes(self) -> Iterable[str]:
-        yield from self.current.shares
-        if self.previous is not None:
-            yield from self.previous.shares
-
-
 class ShareLedger:
     def __init__(self, now: float, warmup: float, linger: float) -> None:
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Held] = {}
+        # The proxy hosts now: what they hold counts for the others, summed in ``_sums``.
+        self._counted: set[str] = set()
+        self._sums = HeldSums()
         # Hosts that stopped reporting, until when their default still counts: a host cut off from the
         # control plane falls back to its default share after a TTL without an answer, and may still be
-        # serving on it.
+        # serving on it. ``_lingering_due`` orders them by that time (a heap; an entry whose host came back
+        # or lingers again since is passed over), ``_lingering_sum`` sums their defaults in units.
         self._lingering: dict[str, tuple[float, float]] = {}
+        self._lingering_due: list[tuple[float, str]] = []
+        self._lingering_sum = 0
         self._linger = linger
         self._warm_until = now + warmup
         self._claims_seen = False  # some host claimed a grant: this control plane restarted on a cluster
@@ -124,60 +97,99 @@ class ShareLedger:
         entry = self._held.get(host)
         return 0.0 if entry is None else entry.of(scope)
 
+    def count(self, host: str, counted: bool) -> None:
+        """Whether ``host`` is one of the proxy hosts now, whose holding the others must leave room for."""
+        if counted == (host in self._counted):
+            return
+        entry = self._held.get(host)
+        if counted:
+            self._counted.add(host)
+            self._sums.replace(None, entry)
+        else:
+            self._counted.discard(host)
+            self._sums.replace(entry, None)
+
     def forget(self, host: str, now: float) -> None:
         """A host that stopped reporting: what it held is free again, but for its default, which counts
         for another ``linger`` seconds."""
+        self.count(host, False)
         entry = self._held.pop(host, None)
         if entry is not None:
-            self._lingering[host] = (now + self._linger, entry.current.default)
+            until = now + self._linger
+            self._lingering[host] = (until, entry.current.default)
+            self._lingering_sum += units(entry.current.default)
+            heapq.heappush(self._lingering_due, (until, host))
 
     def grant(
         self,
         host: str,
-        hosts: list[str],
+        hosts: int,
         targets: Mapping[str, float],
+        busy: Container[str],
         now: float,
         claim: Grant | None = None,
-        claimed_hosts: int = 0,
     ) -> Grant:
-        """The grant for ``host`` (one of ``hosts``, the proxy hosts counted now) given its ``targets``
-        (``compute_shares``'s row for it), and what it claims to hold; recorded as held."""
-        count = len(hosts)
-        bound = overshoot_bound(count)
-        floor = 1.0 / count
+        """The grant for ``host``, one of the ``hosts`` proxy hosts counted now, given its ``targets`` (of
+        the scopes it has traffic in; any other scope's is the floor 1/H), the scopes some host has traffic
+        in (``busy``: their shares are the host's to enforce even at the floor), and what it claims to
+        hold; recorded as held."""
+        self.count(host, True)
+        bound = overshoot_bound(hosts)
+        floor = 1.0 / hosts
         if host not in self._held and claim is not None:
-            self._held[host] = _Held(claim)  # a grant from before this ledger existed, still enforced
+            self._held[host] = Held(claim)  # a grant from before this ledger existed, still enforced
+            self._sums.replace(None, self._held[host])
             self._claims_seen = True
         mine = self._held.get(host)
         # A control plane that restarted on a running cluster knows only the grants claimed so far: until
         # every host has reported (a TTL), none gets more than it holds, and a host claiming nothing none.
         warming = self._claims_seen and now < self._warm_until
-        others = [self._held[h] for h in hosts if h != host and h in self._held]
-        self._lingering.pop(host, None)
-        for gone in [h for h, (until, _) in self._lingering.items() if until <= now]:
-            del self._lingering[gone]
-        others += [_Held(Grant({}, default)) for _, default in self._lingering.values()]
-        scopes = set(targets)
-        for entry in [*others, *([mine] if mine is not None else [])]:
-            scopes.update(entry.scopes())
+        self._stop_lingering(host)
+        while self._lingering_due and self._lingering_due[0][0] <= now:
+            until, gone = heapq.heappop(self._lingering_due)
+            if self._lingering.get(gone, (None,))[0] == until:
+                self._stop_lingering(gone)
+        # In units: what the others hold of a scope is their defaults plus the scope's excess, less this
+        # host's own terms; ``room`` is what the bound leaves in a scope nobody names.
+        own_base = 0 if mine is None else units(mine.default())
+        room = units(bound) - self._lingering_sum - (self._sums.defaults - own_base)
+        cap = floor if not warming else min(floor, mine.current.default if mine is not None else 0.0)
+        plain = max(0.0, min(cap, share_of(room)))  # the share of a scope nobody names
+        scopes = dict.fromkeys(targets)
+        if mine is not None:
+            scopes.update(dict.fromkeys(mine.scopes()))
+        # The only other scopes whose share is not ``plain``: where the others hold so much more than their
+        # defaults that the room left is below it, or, while the room left by the defaults is below the cap,
+        # so much less that there is more (the first is what the bound is about; both are rare).
+        if plain > 0:
+            scopes.update(dict.fromkeys(self._sums.above(max(0, room - units(cap)) + slack(hosts))))
+        if plain < cap:
+            scopes.update(dict.fromkeys(self._sums.below(min(0, room) - slack(hosts))))
         shares: dict[str, float] = {}
-        default_room = bound - sum(
-            o.current.default if o.previous is None else max(o.current.default, o.previous.default)
-            for o in others
-        )
-        for scope in sorted(scopes):
-            room = bound - sum(o.of(scope) for o in others)
-            share = min(targets.get(scope, floor), room)
+        default_room = room
+        for scope in scopes:
+            excess = self._sums.excess(scope)
+            if mine is not None:
+                excess -= units(mine.of(scope)) - own_base
+            left = room - excess
+            share = min(targets.get(scope, floor), share_of(left))
             if warming:
                 share = min(share, mine.current.of(scope) if mine is not None else 0.0)
             share = max(0.0, share)
-            if scope not in targets and abs(share - floor) < _EPS:
-                default_room = min(default_room, room)  # left to the default, which must then fit here
+            if scope not in busy and abs(share - floor) < _EPS:
+                default_room = min(default_room, left)  # left to the default, which must then fit here
                 continue
             shares[scope] = share
-        default = max(0.0, min(floor, default_room))
+        default = max(0.0, min(floor, share_of(default_room)))
         if warming:
             default = min(default, mine.current.default if mine is not None else 0.0)
-        granted = Grant(shares, default)
-        self._held[host] = _Held(granted, mine.current if mine is not None else None)
+        granted = Grant({scope: share for scope, share in shares.items() if share != default}, default)
+        held = Held(granted, mine.current if mine is not None else None)
+        self._sums.replace(mine, held)
+        self._held[host] = held
         return granted
+
+    def _stop_lingering(self, host: str) -> None:
+        entry = self._lingering.pop(host, None)
+        if entry is not None:
+            self._lingering_sum -= units(entry[1])
