@@ -6,7 +6,9 @@ does one thing: write a request on a pooled connection and hand the response bac
 
 Shape of one request: the request bytes are written at once; a future, completed by the protocol's
 ``data_received``, wakes the caller when the status line and headers are in (no task per request); the
-body is buffered as the parser hands it over and read whole (``read``) or piece by piece (``async for``).
+body is buffered as the parser hands it over and read whole (``read``) or piece by piece (``async for``),
+where a piece is everything that arrived since the last one (up to ``COALESCE`` bytes): a relay then makes
+one send to its client for what one read from the backend brought, not one per chunk of the framing.
 Timeouts cost no timer per request: each connection keeps one deadline and at most one timer, which on
 firing re-arms itself if the deadline has moved on.
 
@@ -41,6 +43,9 @@ __all__ = ["RequestNotSendable", "UpstreamClient", "UpstreamError", "UpstreamRes
 # the level at which it resumes.
 HIGH_WATER: Final = 1 << 20
 LOW_WATER: Final = 1 << 18
+# Body pieces waiting when the reader asks for the next one are handed over joined, up to about this many
+# bytes (a quarter of the relay's drain window, so backpressure still looks often enough).
+COALESCE: Final = 64 * 1024
 # A reused connection that dies this soon after the request was written, before any response byte, was
 # being closed by the server as we wrote: the request is sent again on a fresh connection. Later than
 # this, the server may have been working on it, and replaying it could run a generation twice.
@@ -135,7 +140,8 @@ class UpstreamResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        """The next piece of the body, as it came off the wire minus any chunked framing."""
+        """The next piece of the body, minus any chunked framing: everything that has arrived since the
+        last one (up to ``COALESCE`` bytes), or the next bytes to arrive."""
         conn = self._conn
         if conn is None:
             raise StopAsyncIteration
@@ -155,6 +161,15 @@ class UpstreamResponse:
                     raise StopAsyncIteration
                 raise conn.failure()
         piece = pieces.popleft()
+        if pieces and len(piece) < COALESCE:
+            # What arrived meanwhile goes with it, as one piece: one send to the client, not one each.
+            parts = [piece]
+            size = len(piece)
+            while pieces and size < COALESCE:
+                piece = pieces.popleft()
+                parts.append(piece)
+                size += len(piece)
+            piece = b"".join(parts)
         conn.buffered -= len(piece)
         if conn.paused and conn.buffered <= LOW_WATER:
             conn.paused = False

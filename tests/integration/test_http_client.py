@@ -716,6 +716,38 @@ def test_slow_reader_pauses_the_socket(run: Any) -> None:
     run(go())
 
 
+def test_pieces_that_arrived_meanwhile_are_handed_over_joined(run: Any) -> None:
+    # 40 chunks of 4 KiB written one by one: a reader that comes late gets what is there as few pieces,
+    # none past COALESCE by more than one chunk, and the bytes in order.
+    chunks = [bytes([65 + i % 26]) * 4096 for i in range(40)]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            await asyncio.sleep(0.001)  # separate reads on the client's side
+        writer.write(b"0\r\n\r\n")
+
+    server = TinyServer(handler)
+
+    async def go() -> list[bytes]:
+        async with server:
+            client = UpstreamClient()
+            resp = await client.request(server.url, "GET", "/", [], b"", **TIMEOUTS)
+            await asyncio.sleep(0.5)  # everything arrives while nobody reads
+            pieces = [piece async for piece in resp]
+            resp.release()
+            await client.close()
+            return pieces
+
+    pieces = run(go())
+    assert b"".join(pieces) == b"".join(chunks)
+    assert all(len(p) < http_client.COALESCE + 4096 for p in pieces)
+    assert len(pieces) <= -(-len(chunks) * 4096 // http_client.COALESCE)
+
+
 @pytest.mark.parametrize("size", [0, 1000, 64 * 1024, 64 * 1024 + 1, 3 * 1024 * 1024])
 def test_request_bodies_of_every_size_arrive_whole(run: Any, size: int) -> None:
     body = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
