@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from gateway.dataplane.relay import send_now
 from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import TailBuffer, Usage, parse_usage
 from gateway.protocol.relayed import estimate_relayed_tokens
@@ -130,21 +132,31 @@ class ResponseTap:
 
 
 class _TapTransport:
-    __slots__ = ("_tail", "_tap", "_transport")
+    """The client's transport of a tapped stream: each piece is mirrored into the tail and counted, then
+    sent at once (``write``; ``send_bytes`` is the same, awaitable)."""
+
+    __slots__ = ("_send", "_tail", "_tap")
 
     def __init__(self, transport: Any, tail: TailBuffer, tap: ResponseTap) -> None:
-        self._transport = transport
+        write = getattr(transport, "write", None)
+        self._send: Callable[[bytes], None] = write if write is not None else partial(send_now, transport)
         self._tail = tail
         self._tap = tap
 
-    async def send_bytes(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         self._tail.append(data)
         self._tap.relayed += len(data)
-        await self._transport.send_bytes(data)
+        self._send(data)
 
-    async def send_last(self, data: bytes) -> None:
+    def write_last(self, data: bytes) -> None:
         """The stream's last bytes: kept, then the answer's end is announced, then they go out."""
         self._tail.append(data)
         self._tap.relayed += len(data)
         self._tap.end()
-        await self._transport.send_bytes(data)
+        self._send(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.write(data)
+
+    async def send_last(self, data: bytes) -> None:
+        self.write_last(data)
