@@ -1,6 +1,6 @@
 """A thin wrapper around granian's RSGI protocol object that adds response headers (the request id and
-the rate-limit ones), notes when the answer started, and mirrors the response into a fixed-size tail
-buffer, so usage can be read once at the end.
+the rate-limit ones), notes when the answer started, and keeps the response's last bytes (a stream's in a
+``StreamTail``, by reference to its newest pieces), so usage can be read once at the end.
 
 The bytes themselves are handed to granian untouched. When the forwarder translates an answer (or relays
 an Anthropic one), it sets ``meter``, and usage is the translation's rather than the tail's. The tap keeps
@@ -21,8 +21,9 @@ from functools import partial
 from typing import Any
 
 from gateway.dataplane.relay import send_now
+from gateway.dataplane.stream_tail import StreamTail
 from gateway.dataplane.usage_withhold import WithheldUsage
-from gateway.native import TailBuffer, Usage, parse_usage
+from gateway.native import Usage, parse_usage
 from gateway.protocol.relayed import estimate_relayed_tokens
 
 __all__ = ["ResponseTap"]
@@ -64,7 +65,7 @@ class ResponseTap:
         self.status = 0
         self.started: float | None = None  # perf_counter when the answer started
         self.whole: bytes | None = None
-        self.tail: TailBuffer | None = None
+        self.tail: StreamTail | None = None
         # A translated or Anthropic answer: the forwarder's translation reads usage instead of the tail.
         self.meter: Any = None
         # The gateway asked for this stream's usage, the client did not: what the engine added for it is
@@ -103,7 +104,7 @@ class ResponseTap:
         transport = self._proto.response_stream(status, headers + self.extra_headers)
         # Translated streams are tapped too: their usage is the meter's, but a cut one is estimated from
         # the tail like any other.
-        self.tail = TailBuffer(TAIL_BYTES)
+        self.tail = StreamTail(TAIL_BYTES)
         if self.withhold_usage and self.meter is None:
             transport = WithheldUsage(transport)
         return _TapTransport(transport, self.tail, self)
@@ -137,7 +138,7 @@ class _TapTransport:
 
     __slots__ = ("_send", "_tail", "_tap")
 
-    def __init__(self, transport: Any, tail: TailBuffer, tap: ResponseTap) -> None:
+    def __init__(self, transport: Any, tail: StreamTail, tap: ResponseTap) -> None:
         write = getattr(transport, "write", None)
         self._send: Callable[[bytes], None] = write if write is not None else partial(send_now, transport)
         self._tail = tail
