@@ -270,7 +270,9 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.response: UpstreamResponse | None = None
-        self.pieces: deque[bytes] = deque()
+        # A list, not a deque: it seldom holds more than a piece or two, and a deque's first block alone
+        # is some 600 bytes, which every connection, idle ones too, would carry.
+        self.pieces: list[bytes] = []
         self.buffered = 0
         self.paused = False
         self.complete = False
@@ -328,15 +330,17 @@ class _Conn(asyncio.Protocol):
         """The next piece, joined with those that arrived after it (up to ``COALESCE`` bytes): one send to
         the client for them, not one each. There must be one."""
         pieces = self.pieces
-        piece = pieces.popleft()
-        if pieces and len(piece) < COALESCE:
-            parts = [piece]
-            size = len(piece)
-            while pieces and size < COALESCE:
-                piece = pieces.popleft()
-                parts.append(piece)
-                size += len(piece)
-            piece = b"".join(parts)
+        if len(pieces) == 1:
+            piece = pieces.pop()
+        else:
+            taken, size = 0, 0
+            for part in pieces:
+                taken += 1
+                size += len(part)
+                if size >= COALESCE:
+                    break
+            piece = pieces[0] if taken == 1 else b"".join(pieces[:taken])
+            del pieces[:taken]
         self.buffered -= len(piece)
         if self.paused and self.buffered <= LOW_WATER:
             self.paused = False

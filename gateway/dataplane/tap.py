@@ -1,6 +1,6 @@
 """A thin wrapper around granian's RSGI protocol object that adds response headers (the request id and
 the rate-limit ones), notes when the answer started, and keeps the response's last bytes (a stream's in a
-``StreamTail``, by reference to its newest pieces), so usage can be read once at the end.
+``StreamTail``, one window written round), so usage can be read once at the end.
 
 The bytes themselves are handed to granian untouched. When the forwarder translates an answer (or relays
 an Anthropic one), it sets ``meter``, and usage is the translation's rather than the tail's. The tap keeps
