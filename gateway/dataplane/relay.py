@@ -17,13 +17,14 @@ I/O: the client's transport (granian's, or the tap's around it), and through ``d
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from gateway.dataplane.drain import WINDOW, Drain
 from gateway.dataplane.http_client import UpstreamResponse
 
-__all__ = ["Pace", "StreamSink", "pour_stream", "send_now"]
+__all__ = ["Pace", "StreamSink", "complete_now", "pour_stream", "send_now"]
 
 # The RSGI scope of the request: its ``client`` and ``server`` ("host:port") name the client's connection.
 # Handed over as it is, and read only by a stream past one window: the two strings granian makes when read
@@ -39,12 +40,18 @@ class SendPending(RuntimeError):
 def send_now(transport: Any, data: bytes) -> None:
     """``transport.send_bytes(data)`` completed where it is: raises what awaiting it would (granian's
     ``RSGIProtocolClosed`` once the client is gone)."""
-    step = transport.send_bytes(data).__await__()
+    complete_now(transport.send_bytes, data)
+
+
+def complete_now(send: Callable[[bytes], Awaitable[None]], data: bytes) -> None:
+    """``await send(data)`` for a ``send`` whose awaitable completes without waiting (granian's, or a
+    wrapper's coroutine around it), completed here, outside any task."""
+    step = send(data).__await__()
     try:
         next(step)
     except StopIteration:
         return
-    raise SendPending("the client transport's send_bytes waits; a verbatim stream cannot be poured into it")
+    raise SendPending("the client transport's send waits; a verbatim stream cannot be poured into it")
 
 
 class Pace:
@@ -71,9 +78,11 @@ class Pace:
 
 
 class StreamSink:
-    """Where a verbatim stream's pieces go (a ``http_client.Sink``): the client's transport, the piece that
-    ends the body through its ``write_last`` when it has one (the tap announces the end before the client
-    can see it). Keeps the last piece sent, whose ending tells whether a broken stream had finished."""
+    """Where a verbatim stream's pieces go (a ``http_client.Sink``): the client's transport, through its
+    ``write`` when it sends at once (the tap's), else its awaitable ``send_bytes`` completed here; the piece
+    that ends the body through ``write_last`` or ``send_last`` when the transport has one (the tap announces
+    the end before the client can see it). Keeps the last piece sent, whose ending tells whether a broken
+    stream had finished."""
 
     __slots__ = ("pace", "piece", "write", "write_last")
 
@@ -81,11 +90,13 @@ class StreamSink:
         self.pace = pace
         self.piece = b""
         write = getattr(transport, "write", None)
-        if write is None:  # granian's own transport
-            self.write = self.write_last = partial(send_now, transport)
-        else:
+        if write is not None:  # the tap's, which writes at once
             self.write = write
             self.write_last = getattr(transport, "write_last", write)
+        else:  # granian's own, or a wrapper with only the awaitable sends
+            self.write = partial(send_now, transport)
+            send_last = getattr(transport, "send_last", None)
+            self.write_last = self.write if send_last is None else partial(complete_now, send_last)
 
     def __call__(self, piece: bytes, last: bool) -> bool:
         self.piece = piece
