@@ -494,6 +494,19 @@ def _pace(upstream: Service, scenario: Scenario, checking: bool) -> None:
         upstream.pace(*((0.0, 0.0) if checking else scenario.pace_ms))
 
 
+def restart(scenario: Scenario, proxy: Service, upstream: Service) -> None:
+    """A fresh proxy for an engine-paced cell, checked with one request: its PSS above idle is then what
+    holding the burst's streams costs, not what is left of a heap that earlier scenarios grew and the
+    burst reuses (which read as 0 KiB per stream for a burst after stream-256 and slow-streams)."""
+    proxy.stop()
+    proxy.start()
+    _pace(upstream, scenario, checking=True)
+    try:
+        check(scenario, proxy.port, target_headers(scenario, proxy, upstream))
+    finally:
+        _pace(upstream, scenario, checking=False)
+
+
 def run_scenarios(run: Run, fleet: Fleet, workdir: Path) -> None:
     """Targets interleave within a scenario, so that each ratio compares neighbouring minutes."""
     args = run.args
@@ -515,8 +528,10 @@ def run_scenarios(run: Run, fleet: Fleet, workdir: Path) -> None:
         for round_ in range(args.rounds):
             for target, port, proxy in ready:
                 try:
+                    if scenario.upstream == "paced" and proxy is not None:
+                        restart(scenario, proxy, upstream)
                     cell = measure(scenario, target, port, proxy, upstream, workdir, args)
-                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as exc:
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError, OSError) as exc:
                     run.failures[f"{scenario.name}/{target}"] = str(exc)
                     print(f"!! {scenario.name}/{target}: {exc}", file=sys.stderr)
                     continue

@@ -5,7 +5,8 @@ own CLI (``granian --interface rsgi --workers 2 --loop uvloop --no-ws``) as rows
   granian and the RSGI hand-over cost before any proxying (the ``null-app`` target).
 - ``perf.floor:minimal_proxy`` reads the body, sends it through the gateway's own upstream client
   (``gateway/dataplane/http_client.py``) to ``$PERF_FLOOR_UPSTREAM`` and answers what came back: whole when
-  the answer is sized, relayed piece by piece as it arrives otherwise (a stream). No authentication,
+  the answer is sized, poured into the client's transport as it arrives otherwise (a stream, as the
+  gateway's ``relay`` does it, less the backpressure). No authentication,
   routing, accounting or header filtering: the least a proxy on this stack can do (``minimal-proxy``).
 
 The gateway's ratio to ``minimal-proxy`` is what its own work costs on top of the shape.
@@ -19,6 +20,7 @@ import os
 from typing import Any
 
 from gateway.dataplane.http_client import UpstreamClient, UpstreamError
+from gateway.dataplane.relay import Pace, StreamSink
 
 __all__ = ["MinimalProxy", "NullApp", "minimal_proxy", "null_app"]
 
@@ -82,8 +84,8 @@ class MinimalProxy:
                 proto.response_bytes(resp.status, out, await resp.read())
             else:
                 transport = proto.response_stream(resp.status, out)
-                async for chunk in resp:
-                    await transport.send_bytes(chunk)
+                # As the gateway relays a stream: poured from the connection's callback, no backpressure.
+                await resp.pour(StreamSink(transport, Pace(None, 60.0)))
         except (UpstreamError, OSError):
             resp.close()  # the client sees its answer cut short, as from any proxy
             return

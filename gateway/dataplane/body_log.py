@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.body_record import BodyRecord, encode_body_record
 from gateway.body_rules import BodyLogRule
-from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.tap import ResponseTap, TapTransport
 from gateway.native import SpanRing
 
 __all__ = ["BodyCapture", "BodyLog", "CapturingTap"]
@@ -115,19 +115,28 @@ class CapturingTap(ResponseTap):
 
 
 class _CapturingTransport:
+    """The tap's transport with each piece also kept for the body log: ``write`` and ``write_last`` for
+    the relay that pours a stream (``dataplane.relay``), the awaitable sends for the translators."""
+
     __slots__ = ("_capture", "_transport")
 
-    def __init__(self, transport: Any, capture: BodyCapture) -> None:
+    def __init__(self, transport: TapTransport, capture: BodyCapture) -> None:
         self._transport = transport
         self._capture = capture
 
-    async def send_bytes(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         self._capture.add(data)
-        await self._transport.send_bytes(data)
+        self._transport.write(data)
+
+    def write_last(self, data: bytes) -> None:
+        self._capture.add(data)
+        self._transport.write_last(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.write(data)
 
     async def send_last(self, data: bytes) -> None:
-        self._capture.add(data)
-        await self._transport.send_last(data)
+        self.write_last(data)
 
 
 class BodyLog:

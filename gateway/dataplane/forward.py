@@ -32,7 +32,7 @@ from granian._granian import RSGIProtocolClosed as ProtocolClosed
 from gateway.dataplane.backend_load import BackendLoad, Place
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing, Translation
-from gateway.dataplane.drain import WINDOW, ClientStalled, Drain
+from gateway.dataplane.drain import ClientStalled
 from gateway.dataplane.http_client import (
     RequestNotSendable,
     UpstreamClient,
@@ -40,6 +40,7 @@ from gateway.dataplane.http_client import (
     UpstreamResponse,
 )
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
+from gateway.dataplane.relay import Pace, StreamSink, pour_stream
 from gateway.dataplane.rsgi import HTTPProtocol, Scope, Transport
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.trace_context import RequestSpan, attempt_header
@@ -258,28 +259,18 @@ class Forwarder:
                 elif length is not None:
                     headers.append(("content-length", str(length)))
                 transport = proto.response_stream(resp.status, headers)
-                pace = _Pace(peer, self.stall_timeout)
+                pace = Pace(peer, self.stall_timeout)
                 await _relay_translated(transport, resp, translation, tap, pace, length is None)
                 return
             if length is not None:
                 headers.append(("content-length", str(length)))
             transport = proto.response_stream(resp.status, headers)
+            # Poured (``relay``): each piece goes out from the upstream connection's callback as it arrives.
             # A tapped stream's end is announced before the client can see it: with its last piece when the
             # engine's framing says which that is, else once the body ended, before the transport goes.
-            last = getattr(transport, "send_last", None)
-            pace = _Pace(peer, self.stall_timeout)
-            chunk = b""
+            sink = StreamSink(transport, Pace(peer, self.stall_timeout))
             try:
-                async for chunk in resp:
-                    if last is not None and resp.ended:
-                        await last(chunk)
-                    else:
-                        await transport.send_bytes(chunk)
-                    # Backpressure (``drain``): one addition and one comparison per chunk until a window
-                    # has gone out; then a look at the client's socket once per quarter window.
-                    pace.sent += len(chunk)
-                    if pace.sent >= pace.check:
-                        await pace.wait()
+                await pour_stream(resp, sink)
                 if tap is not None:
                     tap.end()
             except UpstreamError as exc:
@@ -287,11 +278,11 @@ class Forwarder:
                 # stream ended by [DONE] already told it everything), a sized one is left short.
                 if tap is not None:
                     tap.cut = "upstream"
-                if length is None and not chunk.rstrip().endswith(b"[DONE]"):
+                if length is None and not sink.piece.rstrip().endswith(b"[DONE]"):
                     await _send_quietly(transport, encode_event(None, _cut_error().openai_body()))
                 # granian ends the client's response only when the transport object is freed, and the
                 # exception pins this frame through its traceback: let go of both.
-                del transport
+                del transport, sink
                 exc.__traceback__ = None
                 raise RelayAborted(f"backend stream failed after the first byte: {exc!r}") from None
         except ProtocolClosed:
@@ -337,35 +328,12 @@ async def _send_quietly(transport: Transport, data: bytes) -> None:
         pass  # the client left as well
 
 
-class _Pace:
-    """The backpressure of one stream: bytes relayed, the next count at which to look at the client's
-    socket, and the drain (made then: streams shorter than a window never pay for it)."""
-
-    __slots__ = ("check", "drain", "peer", "sent", "stall_timeout")
-
-    def __init__(self, peer: Scope | None, stall_timeout: float) -> None:
-        self.peer = peer
-        self.stall_timeout = stall_timeout
-        self.sent = 0
-        self.check = WINDOW if peer is not None else 1 << 62
-        self.drain: Drain | None = None
-
-    async def wait(self) -> None:
-        drain = self.drain
-        if drain is None:
-            peer = self.peer
-            assert peer is not None  # no peer, no check: ``check`` is out of reach
-            drain = self.drain = Drain(peer.client, peer.server, self.stall_timeout)
-        await drain.wait(self.sent)
-        self.check = self.sent + WINDOW // 4
-
-
 async def _relay_translated(
     transport: Transport,
     resp: UpstreamResponse,
     translation: Translation,
     tap: ResponseTap | None,
-    pace: _Pace,
+    pace: Pace,
     chunked: bool,
 ) -> None:
     """A stream through its translation. A cut upstream ends it with the translation's error event (never

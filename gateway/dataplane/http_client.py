@@ -6,7 +6,11 @@ does one thing: write a request on a pooled connection and hand the response bac
 
 Shape of one request: the request bytes are written at once; a future, completed by the protocol's
 ``data_received``, wakes the caller when the status line and headers are in (no task per request); the
-body is buffered as the parser hands it over and read whole (``read``) or piece by piece (``async for``).
+body is buffered as the parser hands it over and read whole (``read``) or piece by piece (``async for``),
+where a piece is everything that arrived since the last one (up to ``COALESCE`` bytes): a relay then makes
+one send to its client for what one read from the backend brought, not one per chunk of the framing. Or
+it is poured (``pour``): each piece goes to the caller's sink from ``data_received`` itself, so a stream
+whose tokens arrive one read each costs no future, task step or await per token.
 Timeouts cost no timer per request: each connection keeps one deadline and at most one timer, which on
 firing re-arms itself if the deadline has moved on.
 
@@ -26,7 +30,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final, cast
 from urllib.parse import urlsplit
 
@@ -35,12 +39,22 @@ from gateway.errors import BadRequest
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
 from gateway.protocol.paths import target_is_safe
 
-__all__ = ["RequestNotSendable", "UpstreamClient", "UpstreamError", "UpstreamResponse", "UpstreamTimeout"]
+__all__ = [
+    "RequestNotSendable",
+    "Sink",
+    "UpstreamClient",
+    "UpstreamError",
+    "UpstreamResponse",
+    "UpstreamTimeout",
+]
 
 # Unread body bytes above which reading from the socket pauses (the gateway's client may be slow), and
 # the level at which it resumes.
 HIGH_WATER: Final = 1 << 20
 LOW_WATER: Final = 1 << 18
+# Body pieces waiting when the reader asks for the next one are handed over joined, up to about this many
+# bytes (a quarter of the relay's drain window, so backpressure still looks often enough).
+COALESCE: Final = 64 * 1024
 # A reused connection that dies this soon after the request was written, before any response byte, was
 # being closed by the server as we wrote: the request is sent again on a fresh connection. Later than
 # this, the server may have been working on it, and replaying it could run a generation twice.
@@ -48,8 +62,12 @@ _STALE_WINDOW: Final = 1.0
 # Bodies up to this size are written together with the head, in one send; larger ones are written after
 # it, so they are never copied to be joined.
 _JOIN_LIMIT: Final = 64 * 1024
-# What a waiter waits for.
-_HEAD, _DATA, _ALL = 0, 1, 2
+# What a waiter waits for: the head, body data, the end of the body, or (``_POUR``) the end of the body or a
+# stop asked for by the sink the body is poured into.
+_HEAD, _DATA, _ALL, _POUR = 0, 1, 2, 3
+
+# ``sink(piece, last)`` of ``UpstreamResponse.pour``: True asks the pour to stop after this piece.
+Sink = Callable[[bytes, bool], bool]
 
 
 class UpstreamError(Exception):
@@ -135,7 +153,8 @@ class UpstreamResponse:
         return self
 
     async def __anext__(self) -> bytes:
-        """The next piece of the body, as it came off the wire minus any chunked framing."""
+        """The next piece of the body, minus any chunked framing: everything that has arrived since the
+        last one (up to ``COALESCE`` bytes), or the next bytes to arrive."""
         conn = self._conn
         if conn is None:
             raise StopAsyncIteration
@@ -154,12 +173,43 @@ class UpstreamResponse:
                 if conn.complete:
                     raise StopAsyncIteration
                 raise conn.failure()
-        piece = pieces.popleft()
-        conn.buffered -= len(piece)
-        if conn.paused and conn.buffered <= LOW_WATER:
-            conn.paused = False
-            conn.transport.resume_reading()  # type: ignore[union-attr]
-        return piece
+        return conn.take()
+
+    async def pour(self, sink: Sink) -> None:
+        """Hand the body to ``sink(piece, last)`` as it arrives, from the connection's own callback: while
+        it flows there is no future, no task step and no await per piece. ``last`` is true for the piece
+        that ends the body, when the parser saw the end with it. Returns once the body ended and every piece
+        went to ``sink``, or right after a piece for which ``sink`` returned True (it has something to wait
+        for first: call ``pour`` again to go on). What ``sink`` raises is raised here; a body that breaks
+        off raises ``UpstreamError``. Each wait for more of the body is bounded by the read timeout."""
+        conn = self._conn
+        if conn is None:
+            return
+        while True:
+            if conn.pieces and conn.flush(sink):
+                return
+            if conn.complete:
+                return
+            if conn.error is not None:
+                raise conn.failure()
+            if conn.paused:
+                conn.paused = False
+                conn.transport.resume_reading()  # type: ignore[union-attr]
+            conn.sink = sink
+            fut = conn.wait(_POUR)
+            try:
+                await fut
+            except BaseException:
+                conn.abort()
+                raise
+            finally:
+                conn.sink = None
+            stop = conn.sink_stop
+            if stop is not None:
+                conn.sink_stop = None
+                if isinstance(stop, BaseException):
+                    raise stop
+                return
 
     def release(self) -> None:
         """Give the connection back: to the pool when the whole response arrived and the server allows
@@ -201,6 +251,8 @@ class _Conn(asyncio.Protocol):
         "response",
         "reused",
         "sent_at",
+        "sink",
+        "sink_stop",
         "timer",
         "timer_at",
         "transport",
@@ -218,7 +270,9 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.reused = False
         self.response: UpstreamResponse | None = None
-        self.pieces: deque[bytes] = deque()
+        # A list, not a deque: it seldom holds more than a piece or two, and a deque's first block alone
+        # is some 600 bytes, which every connection, idle ones too, would carry.
+        self.pieces: list[bytes] = []
         self.buffered = 0
         self.paused = False
         self.complete = False
@@ -232,6 +286,8 @@ class _Conn(asyncio.Protocol):
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
+        self.sink: Sink | None = None  # where body pieces go as they arrive (``UpstreamResponse.pour``)
+        self.sink_stop: BaseException | bool | None = None  # why the sink stopped: True, or what it raised
 
     # -- driving one exchange (called by the client and the response) ------------------------------
     def send(
@@ -269,6 +325,36 @@ class _Conn(asyncio.Protocol):
         self.mode = mode
         self._arm(self.loop.time() + self.read_timeout)
         return fut
+
+    def take(self) -> bytes:
+        """The next piece, joined with those that arrived after it (up to ``COALESCE`` bytes): one send to
+        the client for them, not one each. There must be one."""
+        pieces = self.pieces
+        if len(pieces) == 1:
+            piece = pieces.pop()
+        else:
+            taken, size = 0, 0
+            for part in pieces:
+                taken += 1
+                size += len(part)
+                if size >= COALESCE:
+                    break
+            piece = pieces[0] if taken == 1 else b"".join(pieces[:taken])
+            del pieces[:taken]
+        self.buffered -= len(piece)
+        if self.paused and self.buffered <= LOW_WATER:
+            self.paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        return piece
+
+    def flush(self, sink: Sink) -> bool:
+        """Every piece there is to ``sink``; True when it asked to stop (the rest stays buffered)."""
+        pieces = self.pieces
+        while pieces:
+            piece = self.take()
+            if sink(piece, self.complete and not pieces):
+                return True
+        return False
 
     def failure(self) -> UpstreamError:
         """A fresh exception for the recorded failure (a fresh one, so no traceback is shared)."""
@@ -346,6 +432,22 @@ class _Conn(asyncio.Protocol):
                 self.complete = True
             else:
                 self.response = UpstreamResponse(self, event)  # type: ignore[arg-type]
+        sink = self.sink
+        if sink is not None:  # a pour: the pieces go on at once, from here
+            try:
+                stopped = bool(pieces) and self.flush(sink)
+            except BaseException as exc:  # raised in the task that pours, never into the event loop
+                self.sink, self.sink_stop = None, exc
+                self._wake()
+                return
+            if stopped:
+                self.sink, self.sink_stop = None, True
+                self._wake()
+            elif self.complete:
+                self._wake()
+            else:
+                self.deadline = self.loop.time() + self.read_timeout
+            return
         waiter = self.waiter
         if waiter is not None:
             mode = self.mode

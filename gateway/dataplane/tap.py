@@ -1,6 +1,6 @@
 """A thin wrapper around granian's RSGI protocol object that adds response headers (the request id and
-the rate-limit ones), notes when the answer started, and mirrors the response into a fixed-size tail
-buffer, so usage can be read once at the end.
+the rate-limit ones), notes when the answer started, and keeps the response's last bytes (a stream's in a
+``StreamTail``, one window written round), so usage can be read once at the end.
 
 The bytes themselves are handed to granian untouched. When the forwarder translates an answer (or relays
 an Anthropic one), it sets ``meter``, and usage is the translation's rather than the tail's. The tap keeps
@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
+from gateway.dataplane.relay import send_now
 from gateway.dataplane.rsgi import HTTPProtocol, Transport
+from gateway.dataplane.stream_tail import StreamTail
 from gateway.dataplane.usage_withhold import WithheldUsage
-from gateway.native import TailBuffer, Usage, parse_usage
+from gateway.native import Usage, parse_usage
 from gateway.protocol.relayed import estimate_relayed_tokens
 
 __all__ = ["ResponseTap", "TapTransport"]
@@ -63,7 +66,7 @@ class ResponseTap:
         self.status = 0
         self.started: float | None = None  # perf_counter when the answer started
         self.whole: bytes | None = None
-        self.tail: TailBuffer | None = None
+        self.tail: StreamTail | None = None
         # A translated or Anthropic answer: the forwarder's translation reads usage instead of the tail.
         self.meter: Any = None
         # The gateway asked for this stream's usage, the client did not: what the engine added for it is
@@ -102,7 +105,7 @@ class ResponseTap:
         transport: Transport = self._proto.response_stream(status, headers + self.extra_headers)
         # Translated streams are tapped too: their usage is the meter's, but a cut one is estimated from
         # the tail like any other.
-        self.tail = TailBuffer(TAIL_BYTES)
+        self.tail = StreamTail(TAIL_BYTES)
         if self.withhold_usage and self.meter is None:
             transport = WithheldUsage(transport)
         return TapTransport(transport, self.tail, self)
@@ -131,24 +134,31 @@ class ResponseTap:
 
 
 class TapTransport:
-    """The stream transport of a tapped answer: mirrors what goes out into the tail, counts it, and has
-    ``send_last`` for the piece that ends the answer."""
+    """The client's transport of a tapped stream: each piece is mirrored into the tail and counted, then
+    sent at once (``write``; ``send_bytes`` is the same, awaitable)."""
 
-    __slots__ = ("_tail", "_tap", "_transport")
+    __slots__ = ("_send", "_tail", "_tap")
 
-    def __init__(self, transport: Transport, tail: TailBuffer, tap: ResponseTap) -> None:
-        self._transport = transport
+    def __init__(self, transport: Transport, tail: StreamTail, tap: ResponseTap) -> None:
+        write = getattr(transport, "write", None)
+        self._send: Callable[[bytes], None] = write if write is not None else partial(send_now, transport)
         self._tail = tail
         self._tap = tap
 
-    async def send_bytes(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
         self._tail.append(data)
         self._tap.relayed += len(data)
-        await self._transport.send_bytes(data)
+        self._send(data)
 
-    async def send_last(self, data: bytes) -> None:
+    def write_last(self, data: bytes) -> None:
         """The stream's last bytes: kept, then the answer's end is announced, then they go out."""
         self._tail.append(data)
         self._tap.relayed += len(data)
         self._tap.end()
-        await self._transport.send_bytes(data)
+        self._send(data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.write(data)
+
+    async def send_last(self, data: bytes) -> None:
+        self.write_last(data)

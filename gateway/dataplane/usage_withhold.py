@@ -6,6 +6,7 @@ not sent. I/O: the client's transport, nothing else.
 
 from __future__ import annotations
 
+from gateway.dataplane.relay import send_now
 from gateway.dataplane.rsgi import Transport
 from gateway.protocol.stream_usage import UsageWithholder
 
@@ -20,7 +21,11 @@ class WithheldUsage:
         self._transport = transport
         self._withholder = UsageWithholder()
 
-    async def send_bytes(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
+        """What of ``data`` the client is to get, sent at once (raises what the send raises)."""
         out = self._withholder.feed(data)
         if out:
-            await self._transport.send_bytes(out)
+            send_now(self._transport, out)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.write(data)

@@ -198,6 +198,145 @@ def test_dropped_stream_raises_mid_iteration(run: Any, mock: MockEngine) -> None
     run(go())
 
 
+# -- pouring a body into a sink ----------------------------------------------------------------------
+class Collect:
+    """A sink that keeps what it is given; stops the pour after ``stop_after`` pieces, or raises on
+    piece ``raise_on``."""
+
+    def __init__(self, stop_after: int = 0, raise_on: int = 0) -> None:
+        self.pieces: list[tuple[bytes, bool]] = []
+        self.stop_after = stop_after
+        self.raise_on = raise_on
+
+    def __call__(self, piece: bytes, last: bool) -> bool:
+        self.pieces.append((piece, last))
+        if len(self.pieces) == self.raise_on:
+            raise LookupError("the sink's own failure")
+        return len(self.pieces) == self.stop_after
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(p for p, _ in self.pieces)
+
+
+def test_pour_hands_every_piece_as_it_arrives(run: Any, mock: MockEngine) -> None:
+    frames = ['data: {"a":1}\n\n', 'data: {"b":2}\n\n', "data: [DONE]\n\n"]
+    mock.configure(raw_stream=frames, raw_chunk_delay=0.05)
+
+    async def go() -> Collect:
+        client = UpstreamClient()
+        try:
+            resp = await client.request(mock.url, "POST", CHAT, JSON, chat_body(stream=True), **TIMEOUTS)
+            sink = Collect()
+            await resp.pour(sink)
+            assert resp.ended
+            resp.release()
+            assert idle(client) == 1  # the whole body came: the connection is reusable
+            return sink
+        finally:
+            await client.close()
+
+    sink = run(go())
+    assert sink.body == "".join(frames).encode()
+    assert len(sink.pieces) >= 2  # as they came, not at the end
+    # ``last`` only on the final piece, and only when the body's end came with it.
+    assert not any(last for _, last in sink.pieces[:-1])
+
+
+def test_pour_stops_when_the_sink_asks_and_goes_on_when_poured_again(run: Any, mock: MockEngine) -> None:
+    frames = [f"data: {i}\n\n" for i in range(6)]
+    mock.configure(raw_stream=frames, raw_chunk_delay=0.05)
+
+    async def go() -> list[int]:
+        client = UpstreamClient()
+        try:
+            resp = await client.request(mock.url, "POST", CHAT, JSON, chat_body(stream=True), **TIMEOUTS)
+            sink = Collect(stop_after=2)
+            await resp.pour(sink)
+            counts = [len(sink.pieces)]
+            await asyncio.sleep(0.2)  # meanwhile the rest is buffered, not handed to the sink
+            counts.append(len(sink.pieces))
+            await resp.pour(sink)
+            counts.append(len(sink.pieces))
+            assert sink.body == "".join(frames).encode() and resp.ended
+            resp.release()
+            return counts
+        finally:
+            await client.close()
+
+    first, meanwhile, after = run(go())
+    assert first == meanwhile == 2 and after > 2
+
+
+def test_what_the_sink_raises_comes_out_of_pour(run: Any, mock: MockEngine) -> None:
+    mock.configure(raw_stream=[f"data: {i}\n\n" for i in range(4)], raw_chunk_delay=0.05)
+
+    async def go() -> None:
+        client = UpstreamClient()
+        try:
+            resp = await client.request(mock.url, "POST", CHAT, JSON, chat_body(stream=True), **TIMEOUTS)
+            sink = Collect(raise_on=2)  # raised inside the connection's callback, surfaced in this task
+            with pytest.raises(LookupError, match="own failure"):
+                await resp.pour(sink)
+            resp.close()
+            assert idle(client) == 0
+        finally:
+            await client.close()
+
+    run(go())
+
+
+def test_pour_raises_when_the_stream_breaks_off(run: Any, mock: MockEngine) -> None:
+    mock.configure(drop_after_chunks=2, tokens=10)
+
+    async def go() -> Collect:
+        client = UpstreamClient()
+        try:
+            resp = await client.request(
+                mock.url, "POST", CHAT, JSON, chat_body(stream=True, max_tokens=10), **TIMEOUTS
+            )
+            sink = Collect()
+            with pytest.raises(UpstreamError, match="still expected"):
+                await resp.pour(sink)
+            resp.release()
+            assert idle(client) == 0
+            return sink
+        finally:
+            await client.close()
+
+    sink = run(go())
+    assert sink.body.startswith(b"data: ") and b"[DONE]" not in sink.body
+
+
+def test_pour_waits_no_longer_than_the_read_timeout(run: Any, mock: MockEngine) -> None:
+    mock.configure(raw_stream=["data: 1\n\n", "data: 2\n\n"], raw_chunk_delay=3)
+
+    async def go() -> Collect:
+        client = UpstreamClient()
+        try:
+            resp = await client.request(
+                mock.url,
+                "POST",
+                CHAT,
+                JSON,
+                chat_body(stream=True),
+                connect_timeout=1,
+                first_byte_timeout=5,
+                read_timeout=0.3,
+            )
+            sink = Collect()
+            start = time.monotonic()
+            with pytest.raises(UpstreamTimeout, match="no body data"):
+                await resp.pour(sink)
+            assert time.monotonic() - start < 2
+            resp.release()
+            return sink
+        finally:
+            await client.close()
+
+    assert run(go()).body == b"data: 1\n\n"
+
+
 def test_first_byte_timeout(run: Any, mock: MockEngine) -> None:
     mock.configure(delay=3)
 
@@ -720,6 +859,38 @@ def test_slow_reader_pauses_the_socket(run: Any) -> None:
             await client.close()
 
     run(go())
+
+
+def test_pieces_that_arrived_meanwhile_are_handed_over_joined(run: Any) -> None:
+    # 40 chunks of 4 KiB written one by one: a reader that comes late gets what is there as few pieces,
+    # none past COALESCE by more than one chunk, and the bytes in order.
+    chunks = [bytes([65 + i % 26]) * 4096 for i in range(40)]
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for chunk in chunks:
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            await writer.drain()
+            await asyncio.sleep(0.001)  # separate reads on the client's side
+        writer.write(b"0\r\n\r\n")
+
+    server = TinyServer(handler)
+
+    async def go() -> list[bytes]:
+        async with server:
+            client = UpstreamClient()
+            resp = await client.request(server.url, "GET", "/", [], b"", **TIMEOUTS)
+            await asyncio.sleep(0.5)  # everything arrives while nobody reads
+            pieces = [piece async for piece in resp]
+            resp.release()
+            await client.close()
+            return pieces
+
+    pieces = run(go())
+    assert b"".join(pieces) == b"".join(chunks)
+    assert all(len(p) < http_client.COALESCE + 4096 for p in pieces)
+    assert len(pieces) <= -(-len(chunks) * 4096 // http_client.COALESCE)
 
 
 @pytest.mark.parametrize("size", [0, 1000, 64 * 1024, 64 * 1024 + 1, 3 * 1024 * 1024])

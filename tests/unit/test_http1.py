@@ -253,6 +253,21 @@ def test_parser_is_reused_across_responses() -> None:
     assert events[1:] == [b"b", END]
 
 
+def test_whole_chunks_of_one_feed_are_one_piece() -> None:
+    # An engine's token-by-token chunks, arrived together: one body piece, so the relay sends once.
+    tokens = [b'data: {"t":%d}\n\n' % i for i in range(300)]
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(t), t) for t in tokens)
+    parser = ResponseParser()
+    events = parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed + b"0\r\n\r\n")
+    assert events[1:] == [b"".join(tokens), END]
+    # Cut inside the last chunk: the whole ones as one piece, then what there is of the last.
+    parser.reset()
+    cut = len(framed) - 5
+    events = parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed[:cut])
+    assert events[1:] == [b"".join(tokens[:-1]), tokens[-1][:-3]]
+    assert parser.feed(framed[cut:] + b"0\r\n\r\n") == [tokens[-1][-3:], END]
+
+
 # -- after the end --------------------------------------------------------------------------------
 def test_garbage_after_the_end_in_the_same_feed_keeps_the_response_but_not_the_connection() -> None:
     parser = ResponseParser()
@@ -329,6 +344,12 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
     "chunk-longer-than-declared": (CHUNKED_HEAD + b"3\r\nabcd\r\n0\r\n\r\n", "longer than its declared"),
     "chunk-without-crlf": (CHUNKED_HEAD + b"3\r\nabc0\r\n\r\n", "longer than its declared"),
     "chunk-line-too-long": (CHUNKED_HEAD + b"5;" + b"e" * 5000 + b"\r\n", "chunk size line larger"),
+    # After whole plain chunks (the fast path), the general path judges what follows.
+    "0x-after-plain-chunks": (CHUNKED_HEAD + b"1\r\na\r\n2\r\nbc\r\n0x5\r\nhello\r\n", "chunk size"),
+    "no-crlf-after-plain-chunks": (
+        CHUNKED_HEAD + b"1\r\na\r\n3\r\nabcd\r\n0\r\n\r\n",
+        "longer than its declared",
+    ),
 }
 
 
