@@ -227,7 +227,7 @@ class ProxyApp:
             self.refresh_snapshot()
             self.load.refresh_engines()
             # A share that shrank is enforced within this poll interval: the control plane counts a
-            # host's previous share as held until its next report (see controlplane.fleet).
+            # host's previous share as held until its next report (see controlplane.fleet.reports).
             self.apply_shares()
 
     # -- dispatch ----------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ class Ticket:
 class Limiter:
     """``headers=False`` (``--no-rate-limit-headers``) leaves the x-ratelimit-* headers off admitted answers.
     ``shared=True`` on proxy-role hosts: each scope's limits are scaled by this host's share of them
-    (``set_shares``, from the control plane; see ``gateway.controlplane.shares``), and the requests each
+    (``set_shares``, from the control plane; see ``gateway.controlplane.fleet.shares``), and the requests each
     scope admits are counted in ``traffic`` for the next reconciliation.
 
     A (key, model) pair's limits become a plan once, cached by the key entry's identity (entries are

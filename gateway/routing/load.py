@@ -5,7 +5,7 @@ host's workers), the engine's own figures from its ``/metrics`` (scraped in the 
 control slot), the gate's current ceiling, and whether a backend may be tried at all (active probes and
 passive health). The data plane implements it over shared memory (``gateway.dataplane.backend_load``); the
 dry run and the tests use ``StaticLoad``. ``EngineState`` is one backend's line of the engine document the
-scraper publishes (``gateway.controlplane.engines``). No I/O here.
+scraper publishes (``gateway.controlplane.fleet.engines``). No I/O here.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class WorkerStats:
 
     @property
     def engine_slot(self) -> int:
-        """The engines' document (``gateway.controlplane.engines``): load, gate ceilings, probe results."""
+        """The engines' document (``controlplane.fleet.engines``): load, gate ceilings, probe results."""
         return self.slots - 2
 
     def documents(self) -> list[tuple[int, dict[str, Any]]]:
