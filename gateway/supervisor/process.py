@@ -201,6 +201,9 @@ class Supervisor:
         spec.backoff = min(spec.backoff * 2, BACKOFF_MAX)
         spec.restart_at = time.monotonic() + delay
         spec.restarts += 1
+        # Said at once, not at the respawn (which may be up to BACKOFF_MAX away): `gateway status` shows
+        # the worker down and counted, never the dead pid.
+        self.write_state()
         log.warning(
             "%s worker %s exited with %d after %.1fs; restarting in %.1fs",
             spec.kind,

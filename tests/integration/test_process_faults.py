@@ -170,7 +170,11 @@ def test_a_stopped_worker_is_replaced_and_its_connections_are_served(
         os.kill(victim, signal.SIGSTOP)
         stopped_at = time.monotonic()
         wait_until(lambda: not pid_alive(victim) or victim not in gw.worker_pids(), timeout=10, what="killed")
-        wait_until(lambda: len(gw.worker_pids()) == 2, timeout=10, what="replaced")
+        # The state file names the victim until the supervisor has reaped it: replaced means two workers
+        # and the victim not among them.
+        wait_until(
+            lambda: victim not in (pids := gw.worker_pids()) and len(pids) == 2, timeout=10, what="replaced"
+        )
         replaced_in = time.monotonic() - stopped_at
         # Fresh connections (SO_REUSEPORT spreads them over both listeners) are all served now, quickly.
         after = burst(gw, key, 30)

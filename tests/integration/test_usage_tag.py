@@ -65,8 +65,7 @@ def test_a_rule_tag_reaches_the_usage_records_and_groups_them(
                 timeout=30,
             )
 
-        models = gw.url + "/v1/models"
-        wait_until(lambda: httpx.get(models, headers=auth).status_code == 200, what="key published")
+        gw.wait_key_live(key)  # in every worker, not only the one that answered first
         assert [chat(team).status_code for team in ("red", None, "red")] == [200, 200, 200]
         wait_until(lambda: len(records(gw)) >= 3, timeout=20, what="3 usage records")
         by_order = sorted(records(gw), key=lambda r: r.ts)
