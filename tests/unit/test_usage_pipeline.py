@@ -369,6 +369,50 @@ def test_a_large_batch_is_written_whole_and_once(store: Store) -> None:
     assert stored["req-000044"].total_tokens == 10  # the first of the duplicates is the one kept
 
 
+def test_awkward_values_are_stored_as_they_are(store: Store) -> None:
+    """Text that a COPY stream or a statement must escape, integers where floats are usual, the extremes of
+    the integer columns: each comes back as it went in."""
+    odd = "tab\there, line\nbreak, back\\slash, quote\" ' comma, é, \\N, \\."
+    awkward = rec(1, tag=odd, client_request_id="\\N", model="m\r", latency_ms=3, ttfb_ms=0)
+    awkward = awkward._replace(cost_nanos=2**63 - 1, trace=[["a", "m", 200, 1.5, 2.0]], cut=odd)
+    store.usage.insert([awkward, rec(2)])
+    got = {r.request_id: r for r in store.usage.records()}
+    assert got["req-000001"] == awkward
+    assert got["req-000001"].latency_ms == 3.0
+    assert got["req-000002"] == rec(2)
+
+
+# The columns of a record's first 15 fields (the others may be NULL), for inserts through the driver.
+NAMES = ("request_id", "ts", "principal_id", "key_id", "model", "backend", "status", "prompt_tokens")
+NAMES += ("completion_tokens", "cached_tokens", "total_tokens", "usage_source", "cost_nanos")
+NAMES += ("latency_ms", "ttfb_ms")
+
+
+def row(i: int) -> tuple[str | int | float | None, ...]:
+    return tuple(rec(i))[:15]  # type: ignore[return-value]
+
+
+def test_each_insert_writes_only_its_own_rows(store: Store) -> None:
+    """Two inserts in one transaction: the second writes its rows only (on PostgreSQL both pass through
+    one staging table), so a row deleted in between stays deleted."""
+    with store._driver.transaction(write=True) as tx:
+        tx.insert_new("usage_records", NAMES, "request_id", [row(1), row(2)])
+        tx.execute("DELETE FROM usage_records WHERE request_id = ?", ("req-000001",))
+        tx.insert_new("usage_records", NAMES, "request_id", [row(3)])
+    assert sorted(r.request_id for r in store.usage.records()) == ["req-000002", "req-000003"]
+
+
+def test_an_insert_after_a_rolled_back_one_still_writes(store: Store) -> None:
+    """A transaction that staged rows and then failed leaves nothing behind (on PostgreSQL its rollback
+    may also undo the staging table's creation), and the inserts after it write as usual."""
+    for attempt in range(6):  # enough for the pool to hand out each of its connections
+        with pytest.raises(RuntimeError), store._driver.transaction(write=True) as tx:
+            tx.insert_new("usage_records", NAMES, "request_id", [row(100 + attempt)])
+            raise RuntimeError("the batch failed half-way")
+        store.usage.insert([rec(attempt)])
+    assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(6)]
+
+
 def test_budget_keys_of_both_halves_are_stored(store: Store) -> None:
     keys = {"req-000001": [2**64 - 1, 0], "req-000002": None, "req-000003": [5], "req-000004": [2**63]}
     store.usage.insert([rec(int(rid[4:]), budget_keys=key, key_budget_keys=key) for rid, key in keys.items()])

@@ -3,14 +3,14 @@ keys), and summaries.
 
 Records arrive in batches from the control worker, which reads them out of the proxy workers' rings. A
 batch may be replayed after a crash (the ring's tail only moves once the batch is committed), so insert
-skips request ids already present and reports which records were new. All SQL is portable.
+skips request ids already present and reports which records were new. All SQL is portable; the rows
+themselves go through the driver's ``insert_new`` (many-row INSERTs on SQLite, COPY on PostgreSQL).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any
 
 import orjson
@@ -25,23 +25,9 @@ _COLUMNS = (
     "cached_tokens, total_tokens, usage_source, cost_nanos, latency_ms, ttfb_ms, budget_keys, "
     "client_request_id, attempts, tag, cut, rule, trace, span, key_budget_keys"
 )
-_WIDTH = 24  # columns, as many as a record has fields
+_NAMES = tuple(_COLUMNS.split(", "))  # as many as a record has fields, in its order
 # Read back: the record's columns and the one budget counter of a row from before record version 7.
 _READ = f"{_COLUMNS}, budget_key"
-_ROW = f"({', '.join(['?'] * _WIDTH)})"
-# Rows per INSERT: one statement of many rows binds and steps once per statement rather than once per row
-# (SQLite: 3.2 -> 2.4 µs per row). 16 rows are 384 parameters, under every driver's limit.
-_ROWS_PER_INSERT = 16
-
-
-def _insert(rows: int) -> str:
-    return (
-        f"INSERT INTO usage_records ({_COLUMNS}) VALUES {', '.join([_ROW] * rows)} "
-        "ON CONFLICT (request_id) DO NOTHING"
-    )
-
-
-_INSERT_MANY = _insert(_ROWS_PER_INSERT)
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
 _row = UsageRecord.row
 
@@ -84,11 +70,6 @@ class UsageStore:
         if not records:
             return []
         watched = list(filter(watch, records)) if watch is not None else []
-        # The rows as exact tuples (sqlite3 binds those fastest): a record's own values with its trace as
-        # JSON text, and its budget key as SQL stores it (see ``UsageRecord.row``).
-        values = list(chain.from_iterable(map(_row, records)))
-        width = _WIDTH * _ROWS_PER_INSERT
-        whole = len(values) - len(values) % width
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
             ids = list({r.request_id for r in watched})
@@ -97,10 +78,9 @@ class UsageStore:
                 marks = ", ".join(["?"] * len(chunk))
                 found = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
                 seen.update(row[0] for row in found)
-            if whole:
-                tx.executemany(_INSERT_MANY, [values[i : i + width] for i in range(0, whole, width)])
-            if whole < len(values):
-                tx.execute(_insert((len(values) - whole) // _WIDTH), values[whole:])
+            # The rows as exact tuples (sqlite3 binds those fastest), made as the driver reads them: a
+            # record's own values with its trace and budget key lists as JSON text (``UsageRecord.row``).
+            tx.insert_new("usage_records", _NAMES, "request_id", map(_row, records))
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
