@@ -37,6 +37,18 @@ _READ_BUFFER_MAX = 1 << 20
 _unpack_length = struct.Struct("=I").unpack_from
 
 
+def _split(buffer: Any, n: int) -> list[bytes]:
+    """The ``n`` records a read laid out in ``buffer``, each a 4-byte native length then its bytes."""
+    records = []
+    end = 0
+    for _ in range(n):
+        (length,) = _unpack_length(buffer, end)
+        start = end + 4
+        end = start + length
+        records.append(buffer[start:end])
+    return records
+
+
 class UsageRing(SharedBuffer):
     """Single-producer/single-consumer rings of byte records in a region shared by processes.
 
@@ -141,14 +153,7 @@ class UsageRing(SharedBuffer):
         if n < 0:
             self._fail(n, ring, "")
         buffer = self._out_buffer
-        records = []
-        end = 0
-        for _ in range(n):
-            (length,) = _unpack_length(buffer, end)
-            start = end + 4
-            end = start + length
-            records.append(buffer[start:end])
-        return records
+        return _split(buffer, n)
 
     def _grow(self, want: int) -> None:
         entry = 4 + self.max_record
@@ -255,14 +260,7 @@ class SpanRing(UsageRing):
         if n < 0:
             self._fail(n, ring, "")
         buffer = self._span_buffer
-        records = []
-        end = 0
-        for _ in range(n):
-            (length,) = _unpack_length(buffer, end)
-            start = end + 4
-            end = start + length
-            records.append(buffer[start:end])
-        return records, int(self._span_slots[0])
+        return _split(buffer, n), int(self._span_slots[0])
 
     def dropped(self, ring: int) -> int:
         """Records the producers of ``ring`` could not push, ever (since the region was made)."""
