@@ -195,16 +195,7 @@ class ClusterApp:
         return 200, [*_JSON, ("etag", etag)], blob
 
     async def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        try:
-            values = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"usage batch is not JSON: {exc}") from None
-        if not isinstance(values, list):
-            raise BadRequest("usage batch must be a JSON array of records")
-        try:
-            records = [record_from_values(v) for v in values]
-        except ValueError as exc:
-            raise BadRequest(f"usage batch holds an unreadable record: {exc}") from None
+        records = _batch(body, "usage", "record", record_from_values)
         try:
             await self._store(records)
         except StoreError as exc:
@@ -213,16 +204,7 @@ class ClusterApp:
         return 200, _JSON, orjson.dumps({"accepted": len(records)})
 
     async def bodies(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        try:
-            values = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise BadRequest(f"bodies batch is not JSON: {exc}") from None
-        if not isinstance(values, list):
-            raise BadRequest("a bodies batch is a JSON array of rows")
-        try:
-            rows = [StoredBodies.from_wire(v) for v in values]
-        except ValueError as exc:
-            raise BadRequest(f"bodies batch holds an unreadable row: {exc}") from None
+        rows = _batch(body, "bodies", "row", StoredBodies.from_wire)
         try:
             await _on(self.source.store_calls, self.source.store_bodies_rows, rows)
         except StoreError as exc:
@@ -234,3 +216,18 @@ class ClusterApp:
 async def _on(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` on ``executor``'s thread, awaited from the event loop."""
     return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+
+def _batch(body: bytes, what: str, item: str, decode: Callable[[Any], _T]) -> list[_T]:
+    """A batch a proxy host sent (``POST /cluster/usage``, ``/cluster/bodies``): a JSON array, each of its
+    items decoded; 400 naming the batch for anything else."""
+    try:
+        values = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"{what} batch is not JSON: {exc}") from None
+    if not isinstance(values, list):
+        raise BadRequest(f"{what} batch must be a JSON array of {item}s")
+    try:
+        return [decode(v) for v in values]
+    except ValueError as exc:
+        raise BadRequest(f"{what} batch holds an unreadable {item}: {exc}") from None
