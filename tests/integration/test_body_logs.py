@@ -23,7 +23,7 @@ from gateway.controlplane.bodies.redaction import Redactor
 from gateway.controlplane.bodies.stored import stored_bodies
 from gateway.controlplane.store import open_store
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
-from tests.integration.test_cluster import OPS, Cluster, chat
+from tests.integration.test_cluster import OPS, Cluster
 
 EMAIL, CARD, NOTE, TICKET = (
     "maria.lopez@example.org",
@@ -343,7 +343,7 @@ def test_a_proxy_host_redacts_and_sends_bodies_to_its_control_plane(
         proxy = cluster.start_proxy()
         cluster.proxies = [proxy]
         key = cluster.cli("keys", "create", "--principal", "alice")
-        wait_until(lambda: chat(proxy, key).status_code == 200, timeout=10, what="key live on the proxy")
+        proxy.wait_key_live(key)  # in both workers: the next request may land on either
         r = httpx.post(
             proxy.url + "/v1/chat/completions",
             headers={"authorization": f"Bearer {key}"},
