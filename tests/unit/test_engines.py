@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from gateway.controlplane.fleet.engines import FAILURES_TO_MARK_DOWN, BackendWatch
+from gateway.controlplane.fleet.engines import FAILURES_TO_MARK_DOWN, BackendWatch, EngineScraper
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import engine_states
+from gateway.shm.regions import RegionSizes, SharedRegions
+from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Backend
 
 VLLM = """\
@@ -101,3 +105,24 @@ def test_engine_document_round_trip() -> None:
     states = engine_states({"backends": {"b": w.as_doc(), "junk": "x", "odd": {"waiting": "many"}}})
     assert states["b"].waiting == 3 and states["b"].ceiling == 8 and not states["b"].healthy
     assert "junk" not in states and states["odd"].waiting is None and states["odd"].healthy
+
+
+def test_stop_ends_the_wait_between_rounds() -> None:
+    """An hour between rounds: stop() still ends the thread (it joins for at most 5 s), whether the
+    scraper is waiting after a round or has only just been started."""
+    sizes = RegionSizes(workers=1, snapshot_bytes=4096, bucket_capacity=4, ring_slots=2)
+    shared = SharedRegions.create(sizes)
+    try:
+        stats = WorkerStats(shared.stats)
+        scraper = EngineScraper(shared, interval=3600).start()
+        deadline = time.monotonic() + 10
+        while not stats.read(stats.engine_slot) and time.monotonic() < deadline:  # its first round ran
+            time.sleep(0.01)
+        assert stats.read(stats.engine_slot)
+        scraper.stop()
+        assert scraper._thread is not None and not scraper._thread.is_alive()
+        at_once = EngineScraper(shared, interval=3600).start()
+        at_once.stop()
+        assert at_once._thread is not None and not at_once._thread.is_alive()
+    finally:
+        shared.close()

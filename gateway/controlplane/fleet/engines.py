@@ -114,6 +114,10 @@ class EngineScraper:
         self._backends: dict[str, Backend] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # The thread's loop and the event that ends its wait between rounds; the lock orders stop() with
+        # the thread setting them up, so a stop that comes first is seen by the loop's own check.
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._lock = threading.Lock()
 
     def start(self) -> EngineScraper:
         self._thread = threading.Thread(target=self._main, name="engine-scraper", daemon=True)
@@ -121,7 +125,18 @@ class EngineScraper:
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        """Stop and join the thread. The wait between rounds ends at once (it was a plain sleep, and every
+        stop of the control slot, so of the gateway, waited out up to an interval); a round in progress
+        finishes, each request bounded by ``PROBE_TIMEOUT``."""
+        with self._lock:
+            self._stop.set()
+            wake = self._wake
+        if wake is not None:
+            loop, event = wake
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # the loop has closed: the thread is ending anyway
+                pass
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -129,6 +144,9 @@ class EngineScraper:
         asyncio.run(self._loop())
 
     async def _loop(self) -> None:
+        wake = asyncio.Event()
+        with self._lock:
+            self._wake = (asyncio.get_running_loop(), wake)
         async with httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT), trust_env=False) as client:
             while not self._stop.is_set():
                 started = time.monotonic()
@@ -136,7 +154,11 @@ class EngineScraper:
                     await self.round(client)
                 except Exception:  # a bug here must not stop routing's view from refreshing next round
                     log.exception("engine scrape round failed")
-                await asyncio.sleep(max(0.05, self.interval - (time.monotonic() - started)))
+                pause = max(0.05, self.interval - (time.monotonic() - started))
+                try:
+                    await asyncio.wait_for(wake.wait(), pause)
+                except TimeoutError:
+                    pass
 
     def backends(self) -> dict[str, Backend]:
         """The published snapshot's backends; only that part of a new generation is decoded (its keys,
