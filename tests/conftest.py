@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.fixtures.processes", "tests.fixtures.postgres", "tests.fixtures.streaming_upstream"]
+pytest_plugins = [
+    "tests.fixtures.httpx_tls",
+    "tests.fixtures.processes",
+    "tests.fixtures.postgres",
+    "tests.fixtures.streaming_upstream",
+]
