@@ -23,7 +23,7 @@ from gateway.config import Settings
 from gateway.controlplane.fleet.shares import overshoot_bound
 from gateway.controlplane.store import open_store
 from tests.fixtures.postgres import PostgresServer
-from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, wait_until
+from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, stop_all, wait_until
 
 TOKEN = secrets.token_urlsafe(24)
 HASH_KEY = secrets.token_hex(32)
@@ -76,11 +76,24 @@ class Cluster:
         )
         return gw
 
-    def start_proxy(self, data_dir: Path | None = None) -> Gateway:
+    def start_proxy(self, data_dir: Path | None = None, wait: bool = True) -> Gateway:
         extra = ("--role", "proxy", "--control-url", self.admin_url, "--report-interval", "1")
         if data_dir is not None:
             extra += ("--data-dir", str(data_dir))
-        return Gateway(self.tmp, None, workers=2, extra=extra, env=ENV)
+        return Gateway(self.tmp, None, workers=2, extra=extra, env=ENV, wait=wait)
+
+    def start_proxies(self, n: int) -> list[Gateway]:
+        """``n`` proxy hosts started at once, each then waited for until every worker of it is ready."""
+        proxies = [self.start_proxy(wait=False) for _ in range(n)]
+        self.proxies += proxies
+        for proxy in proxies:
+            proxy.wait_ready()
+        return proxies
+
+    def stop(self) -> None:
+        """The proxy hosts together, then the control plane (the proxies' last usage records go to it)."""
+        stop_all(self.proxies)
+        self.control.stop()
 
     def cli(self, *args: str) -> str:
         return self.control.cli(*args, "--database", self.database).stdout.strip()
@@ -113,11 +126,10 @@ def cluster(tmp_path: Path, postgres_url: str, mock_engine: MockEngine) -> Itera
     c = Cluster(tmp_path, postgres_url, free_port(), config, None, [])  # type: ignore[arg-type]  # control set below
     c.control = c.start_control()
     try:
-        c.proxies = [c.start_proxy(), c.start_proxy()]
+        c.start_proxies(2)
         yield c
     finally:
-        for gw in [*c.proxies, c.control]:
-            gw.stop()
+        c.stop()
 
 
 def test_cluster_api_needs_the_token(cluster: Cluster) -> None:
@@ -434,8 +446,8 @@ def test_proxies_follow_a_control_plane_over_tls(
             lambda: _healthz(doubting) == "degraded", timeout=20, what="untrusted control plane refused"
         )
     finally:
-        for gw in [*proxies, control]:
-            gw.stop()
+        stop_all(proxies)
+        control.stop()
 
 
 def _tls_get(url: str, ca: Path) -> int:

@@ -36,8 +36,7 @@ def control(tmp_path: Path, postgres_url: str, mock_engine: MockEngine) -> Itera
     try:
         yield c
     finally:
-        for gw in [*c.proxies, c.control]:
-            gw.stop()
+        c.stop()
 
 
 def _healthz(gw: Gateway) -> dict[str, object]:
@@ -67,8 +66,7 @@ def _kill_host(gw: Gateway) -> None:
 
 def test_no_record_is_lost_when_a_host_dies_or_stops_during_a_control_outage(control: Cluster) -> None:
     key = control.cli("keys", "create", "--principal", "alice")
-    crashing, stopping = control.start_proxy(), control.start_proxy()
-    control.proxies = [crashing, stopping]
+    crashing, stopping = control.start_proxies(2)
     for proxy in control.proxies:
         wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
     control.control.stop()
@@ -114,8 +112,7 @@ def test_shares_stay_within_the_bound_when_traffic_moves(control: Cluster) -> No
     another. Each host's x-ratelimit-limit-requests is its share; their sum never passes 5/3 of the limit,
     the new busy host gets the larger share, and a burst at all three admits within the bound."""
     key = control.cli("keys", "create", "--principal", "three")
-    hosts = [control.start_proxy() for _ in range(3)]
-    control.proxies = hosts
+    hosts = control.start_proxies(3)
     for proxy in hosts:
         wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
     bound = overshoot_bound(3) * 300
