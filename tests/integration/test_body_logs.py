@@ -268,9 +268,12 @@ def test_a_full_ring_drops_and_counts(env: Env) -> None:
     (control,) = env.gw.worker_pids("control")
     big = "x" * 2500  # one or two 4 KiB slots a request, of the ring's 16
     os.kill(control, signal.SIGSTOP)  # nobody drains: the ring fills
+    ids = set()
     try:
         for _ in range(20):
-            assert env.chat("alice", big).status_code == 200  # requests never wait for the ring
+            r = env.chat("alice", big)
+            assert r.status_code == 200  # requests never wait for the ring
+            ids.add(r.headers["x-request-id"])
         health = httpx.get(env.gw.url + "/healthz", timeout=5).json()
         assert health["status"] == "ok" and health["body_logs_dropped"] >= before + 4
     finally:
@@ -280,7 +283,13 @@ def test_a_full_ring_drops_and_counts(env: Env) -> None:
         env.admin + "/admin/fleet", headers={"authorization": f"Bearer {env.keys['ops']}"}
     ).json()
     assert fleet["hosts"][0]["body_logs"]["dropped"] == dropped_metric()
-    # What did fit is stored once the control worker is back, and the ring takes bodies again.
+    # What did fit (every request's bodies but those dropped) is stored once the control worker is back;
+    # only then has the ring room again, and it takes bodies again.
+    fitted = len(ids) - (dropped_metric() - before)
+    wait_until(
+        lambda: len([row for row in env.store_rows() if row["request_id"] in ids]) == fitted,
+        what="the bodies that fitted stored",
+    )
     r = env.chat("alice", "after the outage")
     assert env.request(r.headers["x-request-id"])["bodies"]["request"]["body"]["messages"][0]["content"] == (
         "after the outage"

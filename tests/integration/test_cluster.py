@@ -95,6 +95,12 @@ class Cluster:
         stop_all(self.proxies)
         self.control.stop()
 
+    def wait_key_live(self, key: str) -> None:
+        """Until every worker of every proxy host accepts ``key`` (``GET /v1/models``: no limit or budget
+        counts it). One request answered by a host says only that the worker it reached has the key."""
+        for proxy in self.proxies:
+            proxy.wait_key_live(key)
+
     def cli(self, *args: str) -> str:
         return self.control.cli(*args, "--database", self.database).stdout.strip()
 
@@ -170,6 +176,7 @@ def test_a_key_made_through_the_admin_api_works_on_every_proxy_and_stops_when_re
 
 def test_usage_from_every_proxy_lands_once(cluster: Cluster) -> None:
     key = cluster.cli("keys", "create", "--principal", "alice")
+    cluster.wait_key_live(key)
     for proxy in cluster.proxies:
         wait_until(lambda p=proxy: chat(p, key).status_code == 200, timeout=5, what="key live")
     ids = set()
@@ -340,6 +347,7 @@ def test_notify_wakes_the_control_plane_before_its_poll(
 def test_fleet_view_lists_every_host_with_its_workers_and_backends(cluster: Cluster) -> None:
     user = cluster.cli("keys", "create", "--principal", "root")
     ops = cluster.cli("keys", "create", "--principal", "ops")
+    cluster.wait_key_live(user)
     for proxy in cluster.proxies:
         wait_until(lambda p=proxy: chat(p, user).status_code == 200, timeout=5, what="key live")
         for _ in range(5):
@@ -369,6 +377,7 @@ def test_a_limit_is_shared_across_hosts_within_its_bound(cluster: Cluster) -> No
     bound, (2H - 1)/H = 1.5 times the limit, and the idle host admits its floor."""
     key = cluster.cli("keys", "create", "--principal", "limited")
     busy, idle = cluster.proxies
+    cluster.wait_key_live(key)
     started = time.monotonic()
     probes = 0
     for proxy in cluster.proxies:
@@ -480,6 +489,7 @@ def test_a_budget_counts_every_host(
     mock_engine.configure(tokens=1000)
     key = cluster.cli("keys", "create", "--principal", principal, *own)
     first, second = cluster.proxies
+    cluster.wait_key_live(key)
 
     def ask(proxy: Gateway) -> int:
         return httpx.post(

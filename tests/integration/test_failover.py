@@ -26,12 +26,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, lis
     # otherwise mark the dead backend down first, and pm-dead's request would get 503, not 502).
     gw = Gateway(tmp, config, workers=2, extra=("--backend-cool-down", "0", "--engine-scrape-interval", "0"))
     key = gw.create_key("root")
-    wait_until(
-        lambda: (
-            httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
-        ),
-        what="key published",
-    )
+    gw.wait_key_live(key)  # in both workers: one answer says only that the worker it reached has it
     yield gw, [first, second], key
     gw.stop()
     first.stop()

@@ -70,10 +70,7 @@ class Env:
         self.vllm, self.claude, self.gem = MockEngine(tmp), MockEngine(tmp), MockEngine(tmp)
         self.gw = Gateway(tmp, config(self.vllm.url, self.claude.url, self.gem.url))
         self.key = self.gw.create_key("alice")
-        wait_until(
-            lambda: httpx.get(self.gw.url + "/v1/models", headers={"x-api-key": self.key}).status_code == 200,
-            what="key published",
-        )
+        self.gw.wait_key_live(self.key)  # in every worker: one answer says only that its worker has it
         self.anthropic = anthropic.Anthropic(base_url=self.gw.url, api_key=self.key, max_retries=0)
         self.openai = openai.OpenAI(base_url=self.gw.url + "/v1", api_key=self.key, max_retries=0)
 

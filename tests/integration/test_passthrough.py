@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.fixtures.processes import Gateway, MockEngine, basic_config, wait_until
+from tests.fixtures.processes import Gateway, MockEngine, basic_config
 
 ODD_RESPONSE = (
     '{\n  "zeta" :1,"id":"cmpl-odd",   "choices":[{"index":0,"message":{"role":"assistant",'
@@ -34,12 +34,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, Moc
     engine = MockEngine(tmp)
     gw = Gateway(tmp, basic_config({"a": engine.url}, upstream="upstream/Model-Name"), workers=2)
     key = gw.create_key("root")
-    wait_until(
-        lambda: (
-            httpx.get(gw.url + "/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
-        ),
-        what="key published",
-    )
+    gw.wait_key_live(key)  # in both workers: one answer says only that the worker it reached has it
     yield gw, engine, key
     gw.stop()
     engine.stop()

@@ -64,6 +64,8 @@ class Env:
         )
         self.key = {p: self.gw.create_key(p) for p in ("alice", "robot", "ops")}
         wait_until(lambda: self.admin("GET", "/admin/whoami").status_code == 200, what="keys published")
+        for key in self.key.values():  # in every worker: one answer says only that its worker has it
+            self.gw.wait_key_live(key)
         wait_until(lambda: self.post(model="chat").status_code != 401, what="keys published")
 
     def post(
