@@ -227,18 +227,24 @@ def _supervise(settings: Settings, shared: SharedRegions, hash_key: bytes) -> in
     }
 
     sup.spawn(specs[0])  # the control worker publishes the first snapshot before proxies take traffic
-    # A proxy-role host with no last known snapshot and no control plane waits less: its proxies answer
-    # 503 until a snapshot arrives, which beats not listening at all.
+    # A proxy-role host with no last known snapshot waits less, and not at all once its control slot has
+    # found the control plane unreachable: its proxies answer 503 until a snapshot arrives, which beats not
+    # listening at all (and a later try of the control slot is as likely to succeed with them listening).
     wait = 10.0 if settings.role == "proxy" else 30.0
     deadline = time.monotonic() + wait
+    unreachable = False
     while reader.generation() == 0 and time.monotonic() < deadline and sup.fatal is None:
+        if settings.role == "proxy" and reader.control_state()[0] == CONTROL_UNREACHABLE:
+            unreachable = True
+            break
         sup.poll()  # a control worker that fails at start is restarted, or stops the gateway, meanwhile
         time.sleep(0.02)
     if sup.fatal is not None:
         sup.drain()
         return 1
     if reader.generation() == 0 and settings.role != "control":
-        log.error("no snapshot within %.0f s; starting proxies anyway (they answer 503 until one is)", wait)
+        why = "the control plane is unreachable" if unreachable else f"no snapshot within {wait:.0f} s"
+        log.error("%s and no snapshot is known; starting proxies anyway (they answer 503 until one is)", why)
     if settings.role == "control":
         log.info("control plane only; admin port on %s:%s", settings.admin_host, settings.admin_port)
     else:
