@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from gateway.config import Settings
 from gateway.dataplane.body_log import BodyCapture, BodyLog, CapturingTap
-from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.budgets import BudgetGuard, held
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.forward import Attempted, RelayAborted
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
@@ -246,13 +246,16 @@ class Accounting:
         client_request_id: str | None = None,
     ) -> Exchange | Unmetered:
         """Check the budgets and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
-        budgets = key.budgets
-        if budgets is not None and self.budgets is not None:
-            self.budgets.check(budgets, time.time())
+        budgets, guard, now = key.budgets, self.budgets, time.time()
+        windows = guard.windows(budgets, now) if budgets is not None and guard is not None else None
         prompt, estimate = estimate_tokens(body_len, max_tokens, default)
-        ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
-        if ticket is None and self.usage is None and (budgets is None or self.budgets is None):
-            return UNMETERED
+        # The budgets and the limits in one C call; the budgets alone when the request has no limits.
+        ticket = self.limiter.admit(key, model, estimate, windows) if self.limiter is not None else None
+        if ticket is None:
+            if budgets is not None and guard is not None:
+                guard.check(budgets, now)
+            elif self.usage is None:
+                return UNMETERED
         request_id = self.usage.request_id() if self.usage is not None else ""
         headers = ticket.headers if ticket is not None else []
         client_id = (
@@ -308,15 +311,20 @@ class Accounting:
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
         live: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
-        budgets = ex.key.budgets
+        budgets, guard, ticket = ex.key.budgets, self.budgets, ex.ticket
         # A shared table that fails (it is full) is logged, not raised: the answer still goes out and its
         # record is still written; a spend the live counters missed reaches the budgets through the store
         # (the record then names no live counter, so the control worker folds it into the bases).
         try:
-            if ex.ticket is not None and self.limiter is not None:
-                self.limiter.finish(ex.ticket, used)
-            if budgets is not None and self.budgets is not None:
-                live = self.budgets.charge(budgets, time.time(), total, cost, ex.request_id or "-")
+            if budgets is not None and guard is not None:
+                if ticket is not None and self.limiter is not None:  # limits and budgets in one C call
+                    windows = guard.windows(budgets, time.time())
+                    added = self.limiter.finish(ticket, used, windows, total, cost)
+                    live = held(budgets, windows, added, ex.request_id or "-")
+                else:
+                    live = guard.charge(budgets, time.time(), total, cost, ex.request_id or "-")
+            elif ticket is not None and self.limiter is not None:
+                self.limiter.finish(ticket, used)
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
         ex.settled = Settled(prompt, completion, cached, total, source, cost, *live)
