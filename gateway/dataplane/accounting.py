@@ -246,14 +246,14 @@ class Accounting:
         client_request_id: str | None = None,
     ) -> Exchange | Unmetered:
         """Check the budgets and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
-        budgets, guard, now = key.budgets, self.budgets, time.time()
-        windows = guard.windows(budgets, now) if budgets is not None and guard is not None else None
+        budgets, guard = key.budgets, self.budgets
+        windows = guard.windows(budgets, time.time()) if budgets is not None and guard is not None else None
         prompt, estimate = estimate_tokens(body_len, max_tokens, default)
         # The budgets and the limits in one C call; the budgets alone when the request has no limits.
         ticket = self.limiter.admit(key, model, estimate, windows) if self.limiter is not None else None
         if ticket is None:
-            if budgets is not None and guard is not None:
-                guard.check(budgets, now)
+            if windows is not None and guard is not None:
+                guard.check_windows(windows)
             elif self.usage is None:
                 return UNMETERED
         request_id = self.usage.request_id() if self.usage is not None else ""

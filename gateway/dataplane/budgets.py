@@ -51,10 +51,13 @@ class BudgetGuard:
     def check(self, budgets: BudgetSet, now: float) -> None:
         """Raise BudgetExceeded when the current window's spend has reached any of the budgets (for a
         request without rate limits: the limiter checks them in its own call)."""
-        windows = self.windows(budgets, now)
+        self.check_windows(self.windows(budgets, now))
+
+    def check_windows(self, windows: BudgetWindows) -> None:
+        """``check`` of the windows ``windows`` made, in one C call."""
         rc, out = self.table.admit(self._no_limits, 0, None, -1, windows)
         if rc == OVER_BUDGET:
-            raise over_budget(windows, out, now)
+            raise over_budget(windows, out)
 
     def charge(
         self, budgets: BudgetSet, now: float, tokens: int, cost_nanos: int, request_id: str = "-"

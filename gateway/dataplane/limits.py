@@ -42,6 +42,8 @@ __all__ = ["Limiter", "Ticket", "estimate_tokens"]
 BYTES_PER_TOKEN = 4
 # Plans cached per worker before the cache starts over (each is a few hundred bytes).
 PLAN_CACHE = 8192
+# A bucket's header triples kept per plan, one per value of what remains (each about 300 bytes).
+HEADER_CACHE = 256
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:
@@ -72,12 +74,11 @@ class _Plan:
         self.scopes = tuple(scope.scope for scope in scopes)
         names = {LIMIT_REQUESTS: "requests per minute", LIMIT_TOKENS: "tokens per minute"}
         self.what = [(names.get(kind, "concurrent requests"), limit) for kind, _, limit, _ in rows]
-        # Per limit, for the x-ratelimit-* headers of a requests or tokens bucket: its limit header (the same
-        # tuple every time), the names of the other two, its limit and its rate.
-        self.headers: list[tuple[tuple[str, str], str, str, int, float]] = []
-        for kind, _, limit, rate in rows:
-            header = _TOKENS if kind == LIMIT_TOKENS else _REQUESTS
-            self.headers.append(((header[0], str(limit)), header[1], header[2], limit, rate))
+        # Per limit, the x-ratelimit-* headers of a requests or tokens bucket, by what remains of it.
+        self.headers = [
+            _HeaderRow(_TOKENS if kind == LIMIT_TOKENS else _REQUESTS, limit, rate)
+            for kind, _, limit, rate in rows
+        ]
 
 
 @dataclass(slots=True)
@@ -175,9 +176,9 @@ class Limiter:
         headers: list[tuple[str, str]] = []
         if self.headers:
             if out[2] >= 0:
-                headers += _headers(plan.headers[out[2]], out[3])
+                headers += plan.headers[out[2]].at(out[3])
             if out[4] >= 0:
-                headers += _headers(plan.headers[out[4]], out[5])
+                headers += plan.headers[out[4]].at(out[5])
         return Ticket(plan, tokens, note, headers)
 
     def finish(
@@ -206,18 +207,34 @@ _REQUESTS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-
 _TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
-def _headers(
-    row: tuple[tuple[str, str], str, str, int, float], remaining: int
-) -> tuple[tuple[str, str], ...]:
-    """A bucket's limit, what remains of it, and how long until it is full again (OpenAI's ``1.5s``)."""
-    limit_header, remaining_name, reset_name, limit, rate = row
-    if remaining < 0:
-        remaining = 0
-    return (
-        limit_header,
-        (remaining_name, str(remaining)),
-        (reset_name, f"{(limit - remaining) / rate:.3f}s"),
-    )
+class _HeaderRow:
+    """One bucket's three x-ratelimit-* headers: its limit, what remains of it, and how long until it is full
+    again (OpenAI's ``1.5s``). They depend on nothing but what remains (the limit and the rate are the
+    plan's), so the first ``HEADER_CACHE`` values seen are formatted once and kept: a bucket with a small
+    limit, or one that stays near full, then costs a dict lookup; one whose remainder keeps changing (a busy
+    tokens bucket) formats it each time, as it would anyway."""
+
+    __slots__ = ("_known", "_limit", "limit", "rate", "remaining_name", "reset_name")
+
+    def __init__(self, names: tuple[str, str, str], limit: int, rate: float) -> None:
+        self._limit = (names[0], str(limit))
+        self.remaining_name, self.reset_name = names[1], names[2]
+        self.limit, self.rate = limit, rate
+        self._known: dict[int, tuple[tuple[str, str], ...]] = {}
+
+    def at(self, remaining: int) -> tuple[tuple[str, str], ...]:
+        headers = self._known.get(remaining)
+        if headers is not None:
+            return headers
+        left = remaining if remaining > 0 else 0
+        headers = (
+            self._limit,
+            (self.remaining_name, str(left)),
+            (self.reset_name, f"{(self.limit - left) / self.rate:.3f}s"),
+        )
+        if len(self._known) < HEADER_CACHE:
+            self._known[remaining] = headers
+        return headers
 
 
 def _refused(what: str, limit: int, retry_after: float) -> RateLimited:
