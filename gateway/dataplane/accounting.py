@@ -62,6 +62,8 @@ _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in 
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _MESSAGES = "/v1/messages"
+# A NamedTuple from exactly its fields, without its generated ``__new__``'s frame: twice per request.
+_new = tuple.__new__
 
 
 class Settled(NamedTuple):
@@ -327,7 +329,7 @@ class Accounting:
                 self.limiter.finish(ticket, used)
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
-        ex.settled = Settled(prompt, completion, cached, total, source, cost, *live)
+        ex.settled = _new(Settled, (prompt, completion, cached, total, source, cost, *live))
 
     def live_doc(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` requests in flight, oldest first, for the worker's statistics slot."""
@@ -367,31 +369,34 @@ class Accounting:
             assert ex.settled is not None
             prompt, completion, cached, total, source, cost, principal_keys, key_keys = ex.settled
             record = encode_record(
-                UsageRecord(
-                    ex.request_id,
-                    time.time(),
-                    ex.key.principal.id,
-                    ex.key.id,
-                    ex.model,
-                    backend,
-                    status,
-                    prompt,
-                    completion,
-                    cached,
-                    total,
-                    source,
-                    cost,
-                    (ended - ex.started) * 1000.0,
-                    None if tap.started is None else (tap.started - ex.started) * 1000.0,
-                    principal_keys,
-                    ex.client_request_id,
-                    attempts,
-                    ex.tag,
-                    tap.cut,
-                    ex.rule,
-                    ex.trace,
-                    ex.span,
-                    key_keys,
+                _new(
+                    UsageRecord,
+                    (
+                        ex.request_id,
+                        time.time(),
+                        ex.key.principal.id,
+                        ex.key.id,
+                        ex.model,
+                        backend,
+                        status,
+                        prompt,
+                        completion,
+                        cached,
+                        total,
+                        source,
+                        cost,
+                        (ended - ex.started) * 1000.0,
+                        None if tap.started is None else (tap.started - ex.started) * 1000.0,
+                        principal_keys,
+                        ex.client_request_id,
+                        attempts,
+                        ex.tag,
+                        tap.cut,
+                        ex.rule,
+                        ex.trace,
+                        ex.span,
+                        key_keys,
+                    ),
                 )
             )
             if len(record) > self.max_record:
