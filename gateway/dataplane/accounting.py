@@ -49,6 +49,7 @@ from gateway.dataplane.usage_log import UsageLog
 from gateway.errors import GatewayError
 from gateway.native import NativeError
 from gateway.protocol.openai_request import inject_stream_usage
+from gateway.protocol.paths import anthropic_envelope
 from gateway.routing.rules import Rule
 from gateway.snapshot import KeyEntry, Route
 from gateway.usage_record import UsageRecord, encode_record, fit_record
@@ -61,7 +62,6 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection befo
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-_MESSAGES = "/v1/messages"
 # A NamedTuple from exactly its fields, without its generated ``__new__``'s frame: twice per request.
 _new = tuple.__new__
 
@@ -173,7 +173,7 @@ class Exchange:
             capture = self.capture
             if capture is not None:
                 capture.gateway_answer(
-                    failed.anthropic_body() if capture.path.startswith(_MESSAGES) else failed.openai_body()
+                    failed.anthropic_body() if anthropic_envelope(capture.path) else failed.openai_body()
                 )
         elif isinstance(failed, RelayAborted):
             status = tap.status
