@@ -37,6 +37,7 @@ class TakeOutcome(NamedTuple):
     remaining: int
 
 
+_NULL = _ffi.NULL
 # tuple.__new__ builds a NamedTuple in half the time of its generated __new__; take() is on the request path.
 _tuple_new = tuple.__new__
 
@@ -263,10 +264,15 @@ class BucketTable(SharedBuffer):
         of the requests and tokens buckets with the fewest left (index -1: none)."""
         out = self._out
         base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
-        ws, nw = (windows.windows, windows.n) if windows is not None else (_ffi.NULL, 0)
-        rc = _lib.gw_bt_admit(
-            self._base, self._size, ws, nw, plan.limits, plan.n, tokens, base, size, note, -1, out
-        )
+        if windows is None:
+            rc = _lib.gw_bt_admit(
+                self._base, self._size, _NULL, 0, plan.limits, plan.n, tokens, base, size, note, -1, out
+            )
+        else:
+            rc = _lib.gw_bt_admit(
+                self._base, self._size, windows.windows, windows.n, plan.limits, plan.n, tokens,
+                base, size, note, -1, out,
+            )  # fmt: skip
         if rc < 0:
             raise_for(rc)
         return rc, out
@@ -287,12 +293,17 @@ class BucketTable(SharedBuffer):
         notes, and add ``spend_tokens`` and ``spend_cost`` to every budget window of ``windows``. Returns
         how many windows hold the spend: all of them, or fewer when the table had no slot for the next."""
         base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
-        ws, nw = (windows.windows, windows.n) if windows is not None else (_ffi.NULL, 0)
         try:
-            rc: int = _lib.gw_bt_finish(
-                self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note,
-                ws, nw, spend_tokens, spend_cost, -1,
-            )  # fmt: skip
+            if windows is None:
+                rc: int = _lib.gw_bt_finish(
+                    self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note,
+                    _NULL, 0, 0, 0, -1,
+                )  # fmt: skip
+            else:
+                rc = _lib.gw_bt_finish(
+                    self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note,
+                    windows.windows, windows.n, spend_tokens, spend_cost, -1,
+                )  # fmt: skip
         except OverflowError as exc:
             raise ValueError(str(exc)) from exc
         if rc < 0:
