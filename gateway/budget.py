@@ -205,7 +205,7 @@ class BudgetSet:
     keys of all of them are cached together, with the tuples the record carries: the request path builds
     nothing per request until one of the windows rolls over."""
 
-    __slots__ = ("_end", "_epoch", "_start", "_windows", "key", "live", "principal")
+    __slots__ = ("_end", "_epoch", "_start", "_windows", "key", "live", "native", "principal")
 
     def __init__(self, principal: tuple[Budget, ...], key: tuple[Budget, ...]) -> None:
         self.principal = principal
@@ -217,6 +217,9 @@ class BudgetSet:
         # The window keys of the principal's budgets and of the key's (None for none), as a request's
         # usage record names the live counters it was added to; those of the last ``windows_at``.
         self.live: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
+        # What the data plane makes of the current windows once (``gateway.dataplane.budgets``: the C array
+        # its admission and settling calls walk); dropped when a window rolls over.
+        self.native: Any = None
 
     def windows_at(self, epoch: str, now: float) -> tuple[tuple[Budget, int], ...]:
         """Every budget with the key of its window containing ``now``: the principal's first."""
@@ -235,6 +238,7 @@ class BudgetSet:
         self._start = max(b._start for b in both)
         self._end = min(b._end for b in both)
         self._epoch = epoch
+        self.native = None
         self.live = (
             tuple(b._key for b in self.principal) or None,
             tuple(b._key for b in self.key) or None,

@@ -313,10 +313,7 @@ int64_t gw_bt_gauge(const char *base, size_t size, uint64_t key) {
 
 /* ---- budget spend -------------------------------------------------------------------------------------- */
 
-int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost) {
-    if (key == 0) return GW_EINVAL;
-    uint64_t capacity = region_capacity(base, size);
-    if (capacity == 0) return GW_EREGION;
+static int spend_add_in(char *base, uint64_t capacity, uint64_t key, int64_t tokens, int64_t cost) {
     int err = GW_OK;
     uint64_t *slot = find_slot(base, capacity, key, 1, &err);
     if (slot == NULL) return err;
@@ -324,6 +321,13 @@ int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64
     __atomic_fetch_add(&slot[W_LIVE_TOKENS], (uint64_t)tokens, __ATOMIC_ACQ_REL);
     __atomic_fetch_add(&slot[W_LIVE_COST], (uint64_t)cost, __ATOMIC_ACQ_REL);
     return GW_OK;
+}
+
+int gw_bt_spend_add(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost) {
+    if (key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    return spend_add_in(base, capacity, key, tokens, cost);
 }
 
 int gw_bt_spend_set_base(char *base, size_t size, uint64_t key, int64_t tokens, int64_t cost) {
@@ -338,14 +342,19 @@ int gw_bt_spend_set_base(char *base, size_t size, uint64_t key, int64_t tokens, 
     return GW_OK;
 }
 
-int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out) {
-    if (out == NULL || key == 0) return GW_EINVAL;
-    uint64_t capacity = region_capacity(base, size);
-    if (capacity == 0) return GW_EREGION;
+/* out[0..3] = live tokens, live cost, base tokens, base cost of a window (zeros when unknown). */
+static void spend_read_in(const char *base, uint64_t capacity, uint64_t key, int64_t *out) {
     int err = GW_OK;
     const uint64_t *slot = find_slot(base, capacity, key, 0, &err);
     for (int i = 0; i < 4; i++)
         out[i] = slot ? (int64_t)__atomic_load_n(&slot[W_LIVE_TOKENS + i], __ATOMIC_ACQUIRE) : 0;
+}
+
+int gw_bt_spend_read(const char *base, size_t size, uint64_t key, int64_t *out) {
+    if (out == NULL || key == 0) return GW_EINVAL;
+    uint64_t capacity = region_capacity(base, size);
+    if (capacity == 0) return GW_EREGION;
+    spend_read_in(base, capacity, key, out);
     return GW_OK;
 }
 
@@ -418,11 +427,34 @@ static int valid_plan(const gw_limit *limits, int64_t n) {
     return 1;
 }
 
-int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, char *notes,
-                size_t notes_size, int64_t note_off, int64_t now_ns, int64_t *out) {
-    if (out == NULL || tokens < 0 || !valid_plan(limits, n)) return GW_EINVAL;
+static int valid_windows(const gw_window *windows, int64_t nw) {
+    if (nw < 0 || nw > GW_PLAN_MAX || (nw > 0 && windows == NULL)) return 0;
+    for (int64_t i = 0; i < nw; i++)
+        if (windows[i].key == 0) return 0;
+    return 1;
+}
+
+int gw_bt_admit(char *base, size_t size, const gw_window *windows, int64_t nw, const gw_limit *limits,
+                int64_t n, int64_t tokens, char *notes, size_t notes_size, int64_t note_off, int64_t now_ns,
+                int64_t *out) {
+    if (out == NULL || tokens < 0 || !valid_plan(limits, n) || !valid_windows(windows, nw)) return GW_EINVAL;
     uint64_t capacity = region_capacity(base, size);
     if (capacity == 0) return GW_EREGION;
+    /* Budgets first: they take nothing, so a request they refuse leaves every bucket as it was. */
+    for (int64_t i = 0; i < nw; i++) {
+        const gw_window *w = &windows[i];
+        int64_t spend[4];
+        spend_read_in(base, capacity, w->key, spend);
+        /* Unsigned addition wraps without UB, as the words themselves do. */
+        int64_t used_tokens = (int64_t)((uint64_t)spend[0] + (uint64_t)spend[2]);
+        int64_t used_cost = (int64_t)((uint64_t)spend[1] + (uint64_t)spend[3]);
+        if ((w->tokens >= 0 && used_tokens >= w->tokens) || (w->cost >= 0 && used_cost >= w->cost)) {
+            out[0] = i;
+            out[1] = used_tokens;
+            out[2] = used_cost;
+            return GW_OVER_BUDGET;
+        }
+    }
     int64_t now = resolve_now(now_ns);
     out[0] = -1;
     out[1] = 0;
@@ -466,8 +498,9 @@ int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int6
 }
 
 int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, int64_t used,
-                 char *notes, size_t notes_size, int64_t note_off, int64_t now_ns) {
-    if (tokens < 0 || !valid_plan(limits, n)) return GW_EINVAL;
+                 char *notes, size_t notes_size, int64_t note_off, const gw_window *windows, int64_t nw,
+                 int64_t spend_tokens, int64_t spend_cost, int64_t now_ns) {
+    if (tokens < 0 || !valid_plan(limits, n) || !valid_windows(windows, nw)) return GW_EINVAL;
     uint64_t capacity = region_capacity(base, size);
     if (capacity == 0) return GW_EREGION;
     int64_t now = resolve_now(now_ns);
@@ -482,5 +515,8 @@ int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int
             if (delta != 0) settle_in(base, capacity, l->key, l->rate_per_s, delta, now);
         }
     }
-    return GW_OK;
+    if (spend_tokens == 0 && spend_cost == 0) return (int)nw;
+    for (int64_t i = 0; i < nw; i++)
+        if (spend_add_in(base, capacity, windows[i].key, spend_tokens, spend_cost) != GW_OK) return (int)i;
+    return (int)nw;
 }

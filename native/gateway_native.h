@@ -31,6 +31,7 @@ enum {
     GW_REFUSED = 0,   /* take: not admitted now; retry_after_ns says for how long */
     GW_ADMITTED = 1,  /* take: admitted */
     GW_TOO_LARGE = 2, /* take: n > burst, never admissible under this limit */
+    GW_OVER_BUDGET = 3, /* admit: a budget window has reached its limit */
     GW_EINVAL = -1,   /* an argument is out of range (rate <= 0 or not finite, negative count, key 0) */
     GW_EFULL = -2,    /* the bucket table has no free slot for a new key */
     GW_EREGION = -3   /* the region is NULL, misaligned, too small or not initialised */
@@ -148,20 +149,36 @@ typedef struct {
     int64_t kind;
 } gw_limit;
 
-/* Admit one request against every limit of a plan (at most GW_PLAN_MAX), in order, all or nothing: the
- * first limit that refuses makes everything taken before it be given back. The plan's k-th gauge is noted
- * in word k of the note block. Returns GW_ADMITTED, GW_REFUSED or an error (nothing then stays taken).
- *   out[0] = index of the refusing limit (-1 when admitted);
+/* A budget window a request answers to: the key of its spend words and its limits per window, tokens and
+ * cost in nano-units (-1: none). Spend is live plus base (gw_bt_spend_read). */
+typedef struct {
+    uint64_t key;
+    int64_t tokens;
+    int64_t cost;
+} gw_window;
+
+/* The admission phase of one request, in one call: first every budget window (read only: a window whose
+ * spend has reached either of its limits refuses), then every limit of a plan (at most GW_PLAN_MAX), in
+ * order, all or nothing: the first limit that refuses makes everything taken before it be given back.
+ * The plan's k-th gauge is noted in word k of the note block. Returns GW_ADMITTED, GW_REFUSED,
+ * GW_OVER_BUDGET or an error (nothing then stays taken).
+ *   GW_OVER_BUDGET: out[0] = index of the window, out[1], out[2] = its spend, tokens and cost;
+ *   otherwise out[0] = index of the refusing limit (-1 when admitted);
  *   out[1] = ns until it could admit (refused; -1 never at this limit; 1e9 for a full gauge);
  *   out[2], out[3] = index and remaining units of the requests bucket with the fewest left (-1, 0: none);
  *   out[4], out[5] = the same for tokens. */
-int gw_bt_admit(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, char *notes,
-                size_t notes_size, int64_t note_off, int64_t now_ns, int64_t *out);
+int gw_bt_admit(char *base, size_t size, const gw_window *windows, int64_t nw, const gw_limit *limits,
+                int64_t n, int64_t tokens, char *notes, size_t notes_size, int64_t note_off, int64_t now_ns,
+                int64_t *out);
 
-/* End an admitted request: settle every tokens bucket by `used` minus what was taken for `tokens` (no
- * settling when used < 0: the reservation stands), give back every gauge place and clear its note. */
+/* The settling phase of one admitted request, in one call: settle every tokens bucket of the plan by `used`
+ * minus what was taken for `tokens` (no settling when used < 0: the reservation stands), give back every
+ * gauge place and clear its note, then add spend_tokens and spend_cost to the live spend of every window
+ * (none when both are 0). Returns how many windows hold the spend: nw, or fewer when the table had no slot
+ * for the next one (the windows before it hold it); or an error for invalid arguments (nothing done). */
 int gw_bt_finish(char *base, size_t size, const gw_limit *limits, int64_t n, int64_t tokens, int64_t used,
-                 char *notes, size_t notes_size, int64_t note_off, int64_t now_ns);
+                 char *notes, size_t notes_size, int64_t note_off, const gw_window *windows, int64_t nw,
+                 int64_t spend_tokens, int64_t spend_cost, int64_t now_ns);
 
 /* ---- json_member.c ------------------------------------------------------------------------------ */
 

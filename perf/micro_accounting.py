@@ -2,10 +2,19 @@
 around a tapped non-streamed answer, with rate limits (all three kinds), a budget, a price and usage
 records each on or off. Shared regions are private bytearrays and the usage ring is emptied as it fills;
 no store, no network. Run with ``python -m perf.micro_accounting``. I/O: prints a table to stdout.
+
+``--instructions`` counts instead of timing: each configuration runs in a child process under valgrind's
+callgrind, once for 2,000 requests and once for 6,000, and the difference over 4,000 is the CPU
+instructions one request's accounting costs. Unlike the timings, those counts do not move with the
+machine's load, so two commits compare exactly (valgrind: ``./scripts/system-deps.sh profile``).
 """
 
 from __future__ import annotations
 
+import argparse
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,17 +107,48 @@ def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
     return (time.perf_counter() - started) / N * 1e6
 
 
+def instructions(limits: bool, budget: bool, usage: bool, n: int) -> int:
+    """Instructions callgrind counts in a child process that runs ``n`` requests' accounting."""
+    flags = "".join("1" if on else "0" for on in (limits, budget, usage))
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+         "perf.micro_accounting", "--child", flags, str(n)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count from callgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+ROWS = [
+    ("nothing (no exchange: the plain path)", False, False, False),
+    ("usage records only", False, False, True),
+    ("budget only", False, True, False),
+    ("rate limits only (rpm, tpm, concurrency)", True, False, False),
+    ("all of them", True, True, True),
+]
+
+
 def main() -> None:
-    rows = [
-        ("nothing (no exchange: the plain path)", False, False, False),
-        ("usage records only", False, False, True),
-        ("budget only", False, True, False),
-        ("rate limits only (rpm, tpm, concurrency)", True, False, False),
-        ("all of them", True, True, True),
-    ]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:  # one configuration's requests, for callgrind to count
+        flags, n = args.child
+        request_loop(*(flag == "1" for flag in flags))(int(n))
+        return
+    if args.instructions:
+        print("| accounting on | instructions per request |")
+        print("|---|---:|")
+        for label, limits, budget, usage in ROWS:
+            few, many = (instructions(limits, budget, usage, n) for n in (2000, 6000))
+            print(f"| {label} | {(many - few) / 4000:,.0f} |")
+        return
     print("| accounting on | µs per request |")
     print("|---|---:|")
-    for label, limits, budget, usage in rows:
+    for label, limits, budget, usage in ROWS:
         best = min(per_request_us(limits, budget, usage) for _ in range(3))
         print(f"| {label} | {best:.2f} |")
 

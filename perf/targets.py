@@ -83,7 +83,7 @@ def http_request(
         conn.close()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Runs in the child before exec: if the benchmark dies without tearing down, the kernel sends
     SIGTERM to the child (PR_SET_PDEATHSIG), so nothing is left listening."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -227,7 +227,7 @@ class Service:
     def _spawn(self, argv: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> None:
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+                argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent
             )
 
     def _wait(self, check: Callable[[], bool], timeout: float, what: str) -> None:

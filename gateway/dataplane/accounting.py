@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from gateway.config import Settings
 from gateway.dataplane.body_log import BodyCapture, BodyLog, CapturingTap
-from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.budgets import BudgetGuard, held
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.forward import Attempted, RelayAborted
 from gateway.dataplane.limits import Limiter, Ticket, estimate_tokens
@@ -49,6 +49,7 @@ from gateway.dataplane.usage_log import UsageLog
 from gateway.errors import GatewayError
 from gateway.native import NativeError
 from gateway.protocol.openai_request import inject_stream_usage
+from gateway.protocol.paths import anthropic_envelope
 from gateway.routing.rules import Rule
 from gateway.snapshot import KeyEntry, Route
 from gateway.usage_record import UsageRecord, encode_record, fit_record
@@ -61,7 +62,8 @@ CLIENT_GONE = 499  # nginx's status for a client that closed the connection befo
 _CLIENT_ID = re.compile(r"[!-~]{1,128}")  # printable ASCII, no spaces: safe in logs and headers
 # Where an engine reports a stream's usage only when asked with stream_options.include_usage.
 _STREAM_USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-_MESSAGES = "/v1/messages"
+# A NamedTuple from exactly its fields, without its generated ``__new__``'s frame: twice per request.
+_new = tuple.__new__
 
 
 class Settled(NamedTuple):
@@ -171,7 +173,7 @@ class Exchange:
             capture = self.capture
             if capture is not None:
                 capture.gateway_answer(
-                    failed.anthropic_body() if capture.path.startswith(_MESSAGES) else failed.openai_body()
+                    failed.anthropic_body() if anthropic_envelope(capture.path) else failed.openai_body()
                 )
         elif isinstance(failed, RelayAborted):
             status = tap.status
@@ -246,13 +248,16 @@ class Accounting:
         client_request_id: str | None = None,
     ) -> Exchange | Unmetered:
         """Check the budgets and take the rate limits; ``UNMETERED`` when nothing needs accounting."""
-        budgets = key.budgets
-        if budgets is not None and self.budgets is not None:
-            self.budgets.check(budgets, time.time())
+        budgets, guard = key.budgets, self.budgets
+        windows = guard.windows(budgets, time.time()) if budgets is not None and guard is not None else None
         prompt, estimate = estimate_tokens(body_len, max_tokens, default)
-        ticket = self.limiter.admit(key, model, estimate) if self.limiter is not None else None
-        if ticket is None and self.usage is None and (budgets is None or self.budgets is None):
-            return UNMETERED
+        # The budgets and the limits in one C call; the budgets alone when the request has no limits.
+        ticket = self.limiter.admit(key, model, estimate, windows) if self.limiter is not None else None
+        if ticket is None:
+            if windows is not None and guard is not None:
+                guard.check_windows(windows)
+            elif self.usage is None:
+                return UNMETERED
         request_id = self.usage.request_id() if self.usage is not None else ""
         headers = ticket.headers if ticket is not None else []
         client_id = (
@@ -308,18 +313,23 @@ class Accounting:
         price = ex.route.price
         cost = price.cost(prompt, completion, cached) if price is not None and total else 0
         live: tuple[tuple[int, ...] | None, tuple[int, ...] | None] = (None, None)
-        budgets = ex.key.budgets
+        budgets, guard, ticket = ex.key.budgets, self.budgets, ex.ticket
         # A shared table that fails (it is full) is logged, not raised: the answer still goes out and its
         # record is still written; a spend the live counters missed reaches the budgets through the store
         # (the record then names no live counter, so the control worker folds it into the bases).
         try:
-            if ex.ticket is not None and self.limiter is not None:
-                self.limiter.finish(ex.ticket, used)
-            if budgets is not None and self.budgets is not None:
-                live = self.budgets.charge(budgets, time.time(), total, cost, ex.request_id or "-")
+            if budgets is not None and guard is not None:
+                if ticket is not None and self.limiter is not None:  # limits and budgets in one C call
+                    windows = guard.windows(budgets, time.time())
+                    added = self.limiter.finish(ticket, used, windows, total, cost)
+                    live = held(budgets, windows, added, ex.request_id or "-")
+                else:
+                    live = guard.charge(budgets, time.time(), total, cost, ex.request_id or "-")
+            elif ticket is not None and self.limiter is not None:
+                self.limiter.finish(ticket, used)
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
-        ex.settled = Settled(prompt, completion, cached, total, source, cost, *live)
+        ex.settled = _new(Settled, (prompt, completion, cached, total, source, cost, *live))
 
     def live_doc(self, limit: int) -> list[dict[str, Any]]:
         """Up to ``limit`` requests in flight, oldest first, for the worker's statistics slot."""
@@ -359,31 +369,34 @@ class Accounting:
             assert ex.settled is not None
             prompt, completion, cached, total, source, cost, principal_keys, key_keys = ex.settled
             record = encode_record(
-                UsageRecord(
-                    ex.request_id,
-                    time.time(),
-                    ex.key.principal.id,
-                    ex.key.id,
-                    ex.model,
-                    backend,
-                    status,
-                    prompt,
-                    completion,
-                    cached,
-                    total,
-                    source,
-                    cost,
-                    (ended - ex.started) * 1000.0,
-                    None if tap.started is None else (tap.started - ex.started) * 1000.0,
-                    principal_keys,
-                    ex.client_request_id,
-                    attempts,
-                    ex.tag,
-                    tap.cut,
-                    ex.rule,
-                    ex.trace,
-                    ex.span,
-                    key_keys,
+                _new(
+                    UsageRecord,
+                    (
+                        ex.request_id,
+                        time.time(),
+                        ex.key.principal.id,
+                        ex.key.id,
+                        ex.model,
+                        backend,
+                        status,
+                        prompt,
+                        completion,
+                        cached,
+                        total,
+                        source,
+                        cost,
+                        (ended - ex.started) * 1000.0,
+                        None if tap.started is None else (tap.started - ex.started) * 1000.0,
+                        principal_keys,
+                        ex.client_request_id,
+                        attempts,
+                        ex.tag,
+                        tap.cut,
+                        ex.rule,
+                        ex.trace,
+                        ex.span,
+                        key_keys,
+                    ),
                 )
             )
             if len(record) > self.max_record:

@@ -45,7 +45,7 @@ from gateway.keys import hash_secret
 from gateway.native import top_members
 from gateway.protocol.anthropic import estimate_input_tokens, read_messages_head
 from gateway.protocol.openai_request import RequestInfo, inspect_json, inspect_multipart
-from gateway.protocol.paths import check_client_path
+from gateway.protocol.paths import MESSAGES, anthropic_envelope, check_client_path
 from gateway.protocol.responses_openai import inspect_request as inspect_responses
 from gateway.routing.context import estimate_prompt_tokens, fitting
 from gateway.routing.context import refusal as context_refusal
@@ -70,8 +70,7 @@ _DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-enco
 _KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
-_MESSAGES = "/v1/messages"
-_COUNT_TOKENS = "/v1/messages/count_tokens"
+_COUNT_TOKENS = MESSAGES + "/count_tokens"
 # OpenAI's Responses API: POST creates; its sub-resources (a stored response) name the model in the query.
 _RESPONSES = "/v1/responses"
 LIVE_LIMIT = 25  # in-flight requests a worker publishes each second (they share a 16 KiB slot)
@@ -244,7 +243,7 @@ class ProxyApp:
                 await self.handle_v1(scope, proto, path)
             except GatewayError as exc:
                 self.refused[exc.status] = self.refused.get(exc.status, 0) + 1
-                envelope = exc.anthropic_body() if path.startswith(_MESSAGES) else exc.openai_body()
+                envelope = exc.anthropic_body() if anthropic_envelope(path) else exc.openai_body()
                 proto.response_bytes(exc.status, _JSON + list(exc.headers.items()), envelope)
             except RelayAborted as exc:
                 # The answer is committed: returning ends the client's response where it stopped. With a
@@ -439,11 +438,11 @@ class ProxyApp:
         )
         forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
-        if path.startswith(_MESSAGES + "/") and path != _COUNT_TOKENS:
+        if path.startswith(MESSAGES + "/") and path != _COUNT_TOKENS:
             # Message batches and other Messages sub-resources are not proxied: say so in Anthropic's terms
             # rather than failing on a body that has no model.
             raise NotFound(f"{path} is not supported by this gateway")
-        if path in (_MESSAGES, _COUNT_TOKENS):
+        if path in (MESSAGES, _COUNT_TOKENS):
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
             # Only what the gateway reads is checked here; the rest is the backend's, or the translator's.

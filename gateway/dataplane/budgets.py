@@ -9,65 +9,83 @@ Counting mid-stream would mean parsing every frame.
 The spend of a budget's current window lives in the shared bucket table under the window's key
 (``gateway.budget.window_key``): the *live* part, which proxy workers add to as requests finish, and the
 *base*, which the control worker sets from the store (spend the live part does not hold: from before this
-gateway started, or from other hosts). One read per window to check, one add per window to charge; the
-window keys come cached from the key's ``BudgetSet``. I/O: none (shared memory only).
+gateway started, or from other hosts). A request's windows go to C as one array (``BudgetWindows``, made
+once per window and cached on the key's ``BudgetSet``), checked in the same call that takes its rate
+limits and charged in the same call that settles them (``gateway.dataplane.limits``); with no limits, in a
+call of their own here. I/O: none (shared memory only).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from gateway.budget import BudgetSet, exceeded_message
 from gateway.errors import BudgetExceeded
-from gateway.native import BucketTable, NativeError
+from gateway.native import OVER_BUDGET, AdmissionPlan, BucketTable, BudgetWindows
 
-__all__ = ["BudgetGuard"]
+__all__ = ["BudgetGuard", "over_budget"]
 
 log = logging.getLogger("gateway.dataplane")
+
+Live = tuple[tuple[int, ...] | None, tuple[int, ...] | None]
 
 
 class BudgetGuard:
     def __init__(self, table: BucketTable, epoch: str) -> None:
         self.table = table
         self.epoch = epoch
+        self._no_limits = AdmissionPlan([])  # the plan of a request that has budgets and no rate limits
+
+    def windows(self, budgets: BudgetSet, now: float) -> BudgetWindows:
+        """The C array of the windows containing ``now``: the principal's budgets', then the key's."""
+        windows = budgets.windows_at(self.epoch, now)  # drops ``native`` when a window rolled over
+        native: BudgetWindows | None = budgets.native
+        if native is None:
+            native = BudgetWindows(
+                [(key, b.tokens, b.cost) for b, key in windows], tuple(b for b, _ in windows)
+            )
+            budgets.native = native
+        return native
 
     def check(self, budgets: BudgetSet, now: float) -> None:
-        """Raise BudgetExceeded when the current window's spend has reached any of the budgets."""
-        spend = self.table.spend
-        for budget, key in budgets.windows_at(self.epoch, now):
-            tokens, cost = spend(key)
-            if budget.exceeded(tokens, cost):
-                raise BudgetExceeded(exceeded_message(budget, tokens, cost, now))
+        """Raise BudgetExceeded when the current window's spend has reached any of the budgets (for a
+        request without rate limits: the limiter checks them in its own call)."""
+        self.check_windows(self.windows(budgets, now))
+
+    def check_windows(self, windows: BudgetWindows) -> None:
+        """``check`` of the windows ``windows`` made, in one C call."""
+        rc, out = self.table.admit(self._no_limits, 0, None, -1, windows)
+        if rc == OVER_BUDGET:
+            raise over_budget(windows, out)
 
     def charge(
         self, budgets: BudgetSet, now: float, tokens: int, cost_nanos: int, request_id: str = "-"
-    ) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        """Add one finished request's spend to the live counter of every window; returns the keys of those
-        it was added to (the principal's budgets', the key's), for the request's usage record.
+    ) -> Live:
+        """Add one finished request's spend to the live counter of every window (for a request without
+        rate limits); returns the keys of those it was added to (the principal's budgets', the key's), for
+        the request's usage record."""
+        windows = self.windows(budgets, now)
+        added = self.table.finish(self._no_limits, 0, -1, None, -1, windows, tokens, cost_nanos)
+        return held(budgets, windows, added, request_id)
 
-        A table that refuses one (it is full) is logged, not raised: the record then names only the
-        counters that hold the spend, and the control worker adds it to the others' bases from the store,
-        so no window counts it twice or misses it."""
-        windows = budgets.windows_at(self.epoch, now)
-        if tokens or cost_nanos:
-            add = self.table.spend_add
-            key = 0
-            try:
-                for _, key in windows:
-                    add(key, tokens, cost_nanos)
-            except NativeError as exc:
-                log.error("adding request %s to a budget window failed: %s", request_id, exc)
-                # The windows before the one refused hold it (a set's window keys are distinct).
-                failed = [k for _, k in windows].index(key)
-                return _only(budgets.live, {k for _, k in windows[:failed]})
+
+def over_budget(windows: BudgetWindows, out: Any, now: float | None = None) -> BudgetExceeded:
+    """The refusal of a request whose admission call said ``OVER_BUDGET``: ``out`` names the window."""
+    return BudgetExceeded(exceeded_message(windows.budgets[out[0]], out[1], out[2], now))
+
+
+def held(budgets: BudgetSet, windows: BudgetWindows, added: int, request_id: str) -> Live:
+    """The live counters that hold a request's spend, as its usage record names them: all of the windows,
+    or those before the one the table refused (it is full). A refusal is logged, not raised: the record
+    then names only the counters that hold the spend, and the control worker adds it to the others' bases
+    from the store, so no window counts it twice or misses it."""
+    if added == windows.n:
         return budgets.live
-
-
-def _only(
-    live: tuple[tuple[int, ...] | None, tuple[int, ...] | None], added: set[int]
-) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-    principal, key = live
+    log.error("adding request %s to a budget window failed: the bucket table is full", request_id)
+    holding = set(windows.keys[:added])  # a set's window keys are distinct
+    principal, key = budgets.live
     return (
-        tuple(k for k in principal if k in added) or None if principal else None,
-        tuple(k for k in key if k in added) or None if key else None,
+        tuple(k for k in principal if k in holding) or None if principal else None,
+        tuple(k for k in key if k in holding) or None if key else None,
     )

@@ -26,7 +26,14 @@ import zlib
 
 from gateway.dataplane.rsgi import Scope
 from gateway.errors import RateLimited
-from gateway.native import LIMIT_CONCURRENCY, LIMIT_REQUESTS, AdmissionPlan, AtomicWords, BucketTable
+from gateway.native import (
+    ADMITTED,
+    LIMIT_CONCURRENCY,
+    LIMIT_REQUESTS,
+    AdmissionPlan,
+    AtomicWords,
+    BucketTable,
+)
 from gateway.shm.bucket_keys import bucket_key
 from gateway.shm.holdings import Holdings
 
@@ -176,8 +183,8 @@ class ClientLimiter:
             plan = self._plan_of(address)
         holdings = self.holdings
         note = (holdings.free.pop() if holdings.free else holdings.take()) if holdings is not None else -1
-        out = self.table.admit(plan, 0, self.notes, note)
-        if out[0] >= 0:
+        rc, out = self.table.admit(plan, 0, self.notes, note)
+        if rc != ADMITTED:
             if holdings is not None:
                 holdings.give(note)
             raise self._refused(plan, out[0], out[1], address)

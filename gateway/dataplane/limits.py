@@ -6,7 +6,9 @@ per minute are GCRA buckets (burst = the per-minute amount, refilled continuousl
 from the request's estimate and settled against the real usage afterwards (debt allowed). Concurrency is a
 gauge taken for the request's lifetime. A request's limits are one plan (``AdmissionPlan``), taken all or
 nothing in one C call and settled in another, on atomics in the shared table, so a limit is exact across
-all workers of the host. I/O: none (shared memory only).
+all workers of the host. The request's budget windows (``gateway.dataplane.budgets``) ride in the same two
+calls: checked before any limit is taken, charged as the limits are settled. I/O: none (shared memory
+only).
 
 A worker killed with ``kill -9`` cannot give its gauges back, so each worker notes the gauges it holds
 in its own area of a shared segment (``gateway.shm.holdings.Holdings``) before taking them; the worker the
@@ -19,13 +21,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from gateway.dataplane.budgets import over_budget
 from gateway.errors import RateLimited
 from gateway.native import (
+    ADMITTED,
     LIMIT_CONCURRENCY,
     LIMIT_REQUESTS,
     LIMIT_TOKENS,
+    OVER_BUDGET,
     AdmissionPlan,
     BucketTable,
+    BudgetWindows,
 )
 from gateway.shm.holdings import Holdings
 from gateway.snapshot import KeyEntry, Limits
@@ -36,6 +42,8 @@ __all__ = ["Limiter", "Ticket", "estimate_tokens"]
 BYTES_PER_TOKEN = 4
 # Plans cached per worker before the cache starts over (each is a few hundred bytes).
 PLAN_CACHE = 8192
+# A bucket's header triples kept per plan, one per value of what remains (each about 300 bytes).
+HEADER_CACHE = 256
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:
@@ -66,12 +74,11 @@ class _Plan:
         self.scopes = tuple(scope.scope for scope in scopes)
         names = {LIMIT_REQUESTS: "requests per minute", LIMIT_TOKENS: "tokens per minute"}
         self.what = [(names.get(kind, "concurrent requests"), limit) for kind, _, limit, _ in rows]
-        # Per limit, for the x-ratelimit-* headers of a requests or tokens bucket: its limit header (the same
-        # tuple every time), the names of the other two, its limit and its rate.
-        self.headers: list[tuple[tuple[str, str], str, str, int, float]] = []
-        for kind, _, limit, rate in rows:
-            header = _TOKENS if kind == LIMIT_TOKENS else _REQUESTS
-            self.headers.append(((header[0], str(limit)), header[1], header[2], limit, rate))
+        # Per limit, the x-ratelimit-* headers of a requests or tokens bucket, by what remains of it.
+        self.headers = [
+            _HeaderRow(_TOKENS if kind == LIMIT_TOKENS else _REQUESTS, limit, rate)
+            for kind, _, limit, rate in rows
+        ]
 
 
 @dataclass(slots=True)
@@ -135,63 +142,99 @@ class Limiter:
         self._plans[(id(key), model)] = (key, plan)
         return plan
 
-    def admit(self, key: KeyEntry, model: str, tokens: int) -> Ticket | None:
-        """Take what the request needs from every scope, or take nothing and raise RateLimited."""
+    def admit(
+        self, key: KeyEntry, model: str, tokens: int, windows: BudgetWindows | None = None
+    ) -> Ticket | None:
+        """Check the budget ``windows`` and take what the request needs from every scope, in one C call; or
+        take nothing and raise BudgetExceeded or RateLimited. None, checking nothing, when the request has
+        no limits (its budgets, if any, are then ``BudgetGuard``'s alone)."""
         cached = self._plans.get((id(key), model))  # ``plan``'s cache hit, inline: once per request
         plan = cached[1] if cached is not None and cached[0] is key else self.plan(key, model)
         if plan is None:
             return None
-        if self.shares is not None:
-            traffic = self.traffic
-            for scope in plan.scopes:
-                traffic[scope] = traffic.get(scope, 0) + 1
         holdings = self.holdings
         if holdings is not None and plan.admission.gauges:
             # ``Holdings.take``, its common case inline
             note = holdings.free.pop() if holdings.free else holdings.take()
         else:
             note = -1
-        out = self.table.admit(plan.admission, tokens, self.notes, note)
-        refused = out[0]
-        if refused >= 0:
+        rc, out = self.table.admit(plan.admission, tokens, self.notes, note, windows)
+        if rc == OVER_BUDGET:
             if holdings is not None:
                 holdings.give(note)
-            what, limit = plan.what[refused]
+            assert windows is not None
+            raise over_budget(windows, out)
+        if self.shares is not None:
+            traffic = self.traffic
+            for scope in plan.scopes:
+                traffic[scope] = traffic.get(scope, 0) + 1
+        if rc != ADMITTED:
+            if holdings is not None:
+                holdings.give(note)
+            what, limit = plan.what[out[0]]
             raise _refused(what, limit, math.inf if out[1] < 0 else out[1] / 1e9)
         headers: list[tuple[str, str]] = []
         if self.headers:
             if out[2] >= 0:
-                headers += _headers(plan.headers[out[2]], out[3])
+                headers += plan.headers[out[2]].at(out[3])
             if out[4] >= 0:
-                headers += _headers(plan.headers[out[4]], out[5])
+                headers += plan.headers[out[4]].at(out[5])
         return Ticket(plan, tokens, note, headers)
 
-    def finish(self, ticket: Ticket, used_tokens: int | None) -> None:
-        """Settle reserved tokens against what the request really used (when known); release concurrency."""
+    def finish(
+        self,
+        ticket: Ticket,
+        used_tokens: int | None,
+        windows: BudgetWindows | None = None,
+        spend_tokens: int = 0,
+        spend_cost: int = 0,
+    ) -> int:
+        """Settle reserved tokens against what the request really used (when known), release concurrency,
+        and add the request's spend to its budget ``windows``, in one C call; returns how many windows hold
+        the spend (``gw_bt_finish``)."""
         used = -1 if used_tokens is None else used_tokens
         note = ticket.note
-        self.table.finish(ticket.plan.admission, ticket.tokens, used, self.notes, note)
+        added = self.table.finish(
+            ticket.plan.admission, ticket.tokens, used, self.notes, note, windows, spend_tokens, spend_cost
+        )
         if note >= 0 and self.holdings is not None:
             self.holdings.free.append(note)  # Holdings.give, inline: once per request
         ticket.note = -1
+        return added
 
 
 _REQUESTS = ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")
 _TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens")
 
 
-def _headers(
-    row: tuple[tuple[str, str], str, str, int, float], remaining: int
-) -> tuple[tuple[str, str], ...]:
-    """A bucket's limit, what remains of it, and how long until it is full again (OpenAI's ``1.5s``)."""
-    limit_header, remaining_name, reset_name, limit, rate = row
-    if remaining < 0:
-        remaining = 0
-    return (
-        limit_header,
-        (remaining_name, str(remaining)),
-        (reset_name, f"{(limit - remaining) / rate:.3f}s"),
-    )
+class _HeaderRow:
+    """One bucket's three x-ratelimit-* headers: its limit, what remains of it, and how long until it is full
+    again (OpenAI's ``1.5s``). They depend on nothing but what remains (the limit and the rate are the
+    plan's), so the first ``HEADER_CACHE`` values seen are formatted once and kept: a bucket with a small
+    limit, or one that stays near full, then costs a dict lookup; one whose remainder keeps changing (a busy
+    tokens bucket) formats it each time, as it would anyway."""
+
+    __slots__ = ("_known", "_limit", "limit", "rate", "remaining_name", "reset_name")
+
+    def __init__(self, names: tuple[str, str, str], limit: int, rate: float) -> None:
+        self._limit = (names[0], str(limit))
+        self.remaining_name, self.reset_name = names[1], names[2]
+        self.limit, self.rate = limit, rate
+        self._known: dict[int, tuple[tuple[str, str], ...]] = {}
+
+    def at(self, remaining: int) -> tuple[tuple[str, str], ...]:
+        headers = self._known.get(remaining)
+        if headers is not None:
+            return headers
+        left = remaining if remaining > 0 else 0
+        headers = (
+            self._limit,
+            (self.remaining_name, str(left)),
+            (self.reset_name, f"{(self.limit - left) / self.rate:.3f}s"),
+        )
+        if len(self._known) < HEADER_CACHE:
+            self._known[remaining] = headers
+        return headers
 
 
 def _refused(what: str, limit: int, retry_after: float) -> RateLimited:

@@ -8,7 +8,9 @@ What it offers:
 - ``parse_usage`` and ``TailBuffer``: token usage from the last bytes of a response (rules in
   ``gateway.protocol.usage``, which is also the pure-Python implementation);
 - ``AtomicWords``: 64-bit atomics on a shared buffer;
-- ``BucketTable``: lock-free GCRA rate buckets and concurrency gauges in a shared region;
+- ``BucketTable``: lock-free GCRA rate buckets, concurrency gauges and budget spend in a shared region;
+  ``AdmissionPlan`` and ``BudgetWindows``, what one request's admission and settling walk in one C call
+  each;
 - ``UsageRing`` and ``ring_region_size``: single-producer/single-consumer rings of small records (usage
   records) in a shared region, one ring per producing worker and one consumer for all rings; ``SpanRing``,
   the same rings carrying records longer than a slot (body logs).
@@ -26,11 +28,15 @@ operations read CLOCK_MONOTONIC.
 from __future__ import annotations
 
 from gateway.native._buckets import (
+    ADMITTED,
     LIMIT_CONCURRENCY,
     LIMIT_REQUESTS,
     LIMIT_TOKENS,
+    OVER_BUDGET,
+    REFUSED,
     AdmissionPlan,
     BucketTable,
+    BudgetWindows,
     Peek,
     TakeOutcome,
     region_size,
@@ -52,17 +58,21 @@ from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, Usage
 from gateway.shm.bucket_keys import bucket_key
 
 __all__ = [
+    "ADMITTED",
     "DEFAULT_TAIL_CAPACITY",
     "HAVE_NATIVE",
     "IMPLEMENTATION",
     "LIMIT_CONCURRENCY",
     "LIMIT_REQUESTS",
     "LIMIT_TOKENS",
+    "OVER_BUDGET",
     "PURE_PYTHON",
+    "REFUSED",
     "AdmissionPlan",
     "AtomicWords",
     "BucketTable",
     "BucketTableFull",
+    "BudgetWindows",
     "NativeError",
     "NativeUnavailable",
     "Peek",

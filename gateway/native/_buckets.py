@@ -1,6 +1,7 @@
 """``BucketTable``: lock-free GCRA rate buckets, concurrency gauges and budget spend in a region shared by
-processes (``native/buckets.c``), and ``AdmissionPlan``, the limits one request is admitted against in
-one C call. I/O: none; the bucket operations read CLOCK_MONOTONIC."""
+processes (``native/buckets.c``); ``AdmissionPlan`` and ``BudgetWindows``, the limits and the budget
+windows one request is admitted against in one C call and settled in another. I/O: none; the bucket
+operations read CLOCK_MONOTONIC."""
 
 from __future__ import annotations
 
@@ -13,11 +14,15 @@ from gateway.native._ffi import lib as _lib
 from gateway.native._shared import AtomicWords, SharedBuffer
 
 __all__ = [
+    "ADMITTED",
     "LIMIT_CONCURRENCY",
     "LIMIT_REQUESTS",
     "LIMIT_TOKENS",
+    "OVER_BUDGET",
+    "REFUSED",
     "AdmissionPlan",
     "BucketTable",
+    "BudgetWindows",
     "Peek",
     "TakeOutcome",
     "region_size",
@@ -32,6 +37,7 @@ class TakeOutcome(NamedTuple):
     remaining: int
 
 
+_NULL = _ffi.NULL
 # tuple.__new__ builds a NamedTuple in half the time of its generated __new__; take() is on the request path.
 _tuple_new = tuple.__new__
 
@@ -241,32 +247,73 @@ class BucketTable(SharedBuffer):
             raise_for(rc)
         return rc
 
-    def admit(self, plan: AdmissionPlan, tokens: int, notes: AtomicWords | None, note: int) -> Any:
-        """Take what one request needs from every limit of ``plan``, all or nothing (see ``gw_bt_admit``).
-        Returns the C call's six outcome words, valid until the next call on this table: ``[0]`` is -1
-        when admitted, else the refusing limit's index, and ``[1]`` its wait in ns (-1: never); ``[2],
-        [3]`` and ``[4], [5]`` are the index and remaining units of the requests and tokens buckets with
-        the fewest left (index -1: none)."""
+    def admit(
+        self,
+        plan: AdmissionPlan,
+        tokens: int,
+        notes: AtomicWords | None,
+        note: int,
+        windows: BudgetWindows | None = None,
+    ) -> tuple[int, Any]:
+        """A request's admission in one C call (see ``gw_bt_admit``): every budget window of ``windows``
+        under its limits, then what the request needs from every limit of ``plan``, all or nothing.
+        Returns ``ADMITTED``, ``REFUSED`` or ``OVER_BUDGET``, and the C call's six outcome words, valid
+        until the next call on this table. ``OVER_BUDGET``: ``[0]`` the window's index, ``[1], [2]`` its
+        spend (tokens, cost). Otherwise ``[0]`` is -1 when admitted, else the refusing limit's index, and
+        ``[1]`` its wait in ns (-1: never); ``[2], [3]`` and ``[4], [5]`` are the index and remaining units
+        of the requests and tokens buckets with the fewest left (index -1: none)."""
         out = self._out
         base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
-        rc = _lib.gw_bt_admit(self._base, self._size, plan.limits, plan.n, tokens, base, size, note, -1, out)
+        if windows is None:
+            rc = _lib.gw_bt_admit(
+                self._base, self._size, _NULL, 0, plan.limits, plan.n, tokens, base, size, note, -1, out
+            )
+        else:
+            rc = _lib.gw_bt_admit(
+                self._base, self._size, windows.windows, windows.n, plan.limits, plan.n, tokens,
+                base, size, note, -1, out,
+            )  # fmt: skip
         if rc < 0:
             raise_for(rc)
-        return out
+        return rc, out
 
     def finish(
-        self, plan: AdmissionPlan, tokens: int, used: int, notes: AtomicWords | None, note: int
-    ) -> None:
-        """End a request ``admit`` let in with ``tokens``: settle its token buckets to ``used`` (none when
-        ``used < 0``), give its gauge places back and clear their notes."""
+        self,
+        plan: AdmissionPlan,
+        tokens: int,
+        used: int,
+        notes: AtomicWords | None,
+        note: int,
+        windows: BudgetWindows | None = None,
+        spend_tokens: int = 0,
+        spend_cost: int = 0,
+    ) -> int:
+        """End a request ``admit`` let in with ``tokens``, in one C call (see ``gw_bt_finish``): settle its
+        token buckets to ``used`` (none when ``used < 0``), give its gauge places back and clear their
+        notes, and add ``spend_tokens`` and ``spend_cost`` to every budget window of ``windows``. Returns
+        how many windows hold the spend: all of them, or fewer when the table had no slot for the next."""
         base, size = (notes._base, notes._size) if notes is not None else (_ffi.NULL, 0)
-        rc = _lib.gw_bt_finish(
-            self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note, -1
-        )
+        try:
+            if windows is None:
+                rc: int = _lib.gw_bt_finish(
+                    self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note,
+                    _NULL, 0, 0, 0, -1,
+                )  # fmt: skip
+            else:
+                rc = _lib.gw_bt_finish(
+                    self._base, self._size, plan.limits, plan.n, tokens, used, base, size, note,
+                    windows.windows, windows.n, spend_tokens, spend_cost, -1,
+                )  # fmt: skip
+        except OverflowError as exc:
+            raise ValueError(str(exc)) from exc
         if rc < 0:
             raise_for(rc)
+        return rc
 
 
+REFUSED: Final = 0
+ADMITTED: Final = 1
+OVER_BUDGET: Final = 3
 LIMIT_REQUESTS: Final = 0
 LIMIT_TOKENS: Final = 1
 LIMIT_CONCURRENCY: Final = 2
@@ -290,6 +337,31 @@ class AdmissionPlan:
             entry.kind, entry.key, entry.limit = kind, key, limit
             entry.rate_per_s = rate if kind != LIMIT_CONCURRENCY else 1.0
         self.gauges = sum(1 for kind, *_ in limits if kind == LIMIT_CONCURRENCY)
+
+
+class BudgetWindows:
+    """The budget windows one request answers to, as the C array ``gw_bt_admit`` checks and
+    ``gw_bt_finish`` adds spend to: ``(key, tokens, cost)`` each, the window's spend key and its limits
+    per window (None: no limit of that kind). ``budgets`` says what each window stands for, for the caller
+    to name the one that refused. Immutable once built."""
+
+    __slots__ = ("budgets", "keys", "n", "windows")
+
+    def __init__(
+        self, windows: list[tuple[int, int | None, int | None]], budgets: tuple[Any, ...] = ()
+    ) -> None:
+        require_native()
+        if len(windows) > _lib.GW_PLAN_MAX:
+            raise ValueError(f"at most {_lib.GW_PLAN_MAX} budget windows")
+        self.n = len(windows)
+        self.keys = tuple(key for key, _, _ in windows)
+        self.budgets = budgets
+        self.windows: Any = _ffi.new("gw_window[]", max(1, self.n))
+        for i, (key, tokens, cost) in enumerate(windows):
+            entry = self.windows[i]
+            entry.key = key
+            entry.tokens = -1 if tokens is None else tokens
+            entry.cost = -1 if cost is None else cost
 
 
 def _now(now_ns: int) -> int:

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["check_client_path", "target_is_safe"]
+__all__ = ["MESSAGES", "anthropic_envelope", "check_client_path", "target_is_safe"]
+
+# Anthropic's Messages API: a request under it is answered, errors included, in Anthropic's envelope.
+MESSAGES = "/v1/messages"
+
+
+def anthropic_envelope(path: str) -> bool:
+    """Whether the gateway's own error answer to a request on ``path`` uses Anthropic's envelope (else
+    OpenAI's)."""
+    return path.startswith(MESSAGES)
+
 
 # One search per request: a character outside RFC 3986's pchar set (controls, space, NUL, backslash,
 # quotes, "%" left over from a double encoding such as %252e, anything not ASCII), an empty segment, or a

@@ -13,16 +13,21 @@ import pytest
 
 from gateway import native
 from gateway.native import (
+    ADMITTED,
     LIMIT_CONCURRENCY,
     LIMIT_REQUESTS,
     LIMIT_TOKENS,
+    OVER_BUDGET,
+    REFUSED,
     AdmissionPlan,
     AtomicWords,
     BucketTable,
     BucketTableFull,
+    BudgetWindows,
     Peek,
     RegionError,
     TakeOutcome,
+    bucket_key,
     region_size,
 )
 
@@ -297,8 +302,8 @@ def test_admit_takes_every_limit_and_reports_the_tightest(table: BucketTable, no
         ]
     )
     assert plan.gauges == 2
-    out = table.admit(plan, 300, notes, 0)
-    assert list(out) == [-1, 0, 0, 9, 1, 700]
+    rc, out = table.admit(plan, 300, notes, 0)
+    assert rc == ADMITTED and list(out) == [-1, 0, 0, 9, 1, 700]
     assert (notes.load(0), notes.load(8)) == (CONC, KEY_CONC)
     assert (table.gauge(CONC), table.gauge(KEY_CONC)) == (1, 1)
     # Settling to the real use gives back what was reserved beyond it; the places and notes are freed.
@@ -316,14 +321,13 @@ def test_a_refusal_gives_back_what_was_taken(table: BucketTable, notes: AtomicWo
         ]
     )
     assert table.take(TPM, 100 / 60, 100, 100).admitted  # the tokens bucket is empty
-    out = table.admit(plan, 50, notes, 0)
-    assert out[0] == 2 and 29 * S < out[1] <= 30 * S
+    rc, out = table.admit(plan, 50, notes, 0)
+    assert rc == REFUSED and out[0] == 2 and 29 * S < out[1] <= 30 * S
     assert table.gauge(CONC) == 0 and notes.load(0) == 0
     assert table.peek(RPM, 10 / 60, 10).remaining == 10  # the request taken from rpm was refunded
     table.settle(TPM, 100 / 60, -100)
-    holder = table.admit(plan, 50, notes, 0)
-    assert holder[0] == -1
-    out = table.admit(plan, 50, notes, 32)  # the only place is held
+    assert table.admit(plan, 50, notes, 0)[0] == ADMITTED
+    _, out = table.admit(plan, 50, notes, 32)  # the only place is held
     assert (out[0], out[1]) == (1, S)
     assert notes.load(32) == 0 and table.gauge(CONC) == 1
     assert table.peek(RPM, 10 / 60, 10).remaining == 9
@@ -331,7 +335,7 @@ def test_a_refusal_gives_back_what_was_taken(table: BucketTable, notes: AtomicWo
 
 def test_tokens_above_the_burst_take_the_whole_bucket(table: BucketTable) -> None:
     plan = AdmissionPlan([(LIMIT_TOKENS, TPM, 100, 100 / 60)])
-    out = table.admit(plan, 5000, None, -1)
+    _, out = table.admit(plan, 5000, None, -1)
     assert (out[0], out[4], out[5]) == (-1, 0, 0)
     table.finish(plan, 5000, -1, None, -1)  # usage unknown: the reservation stands
     assert table.peek(TPM, 100 / 60, 100).remaining == 0
@@ -341,8 +345,50 @@ def test_tokens_above_the_burst_take_the_whole_bucket(table: BucketTable) -> Non
 
 def test_an_empty_plan_admits(table: BucketTable) -> None:
     plan = AdmissionPlan([])
-    assert list(table.admit(plan, 10, None, -1)) == [-1, 0, -1, 0, -1, 0]
-    table.finish(plan, 10, 10, None, -1)
+    rc, out = table.admit(plan, 10, None, -1)
+    assert rc == ADMITTED and list(out) == [-1, 0, -1, 0, -1, 0]
+    assert table.finish(plan, 10, 10, None, -1) == 0
+
+
+def test_budget_windows_are_checked_first_and_charged_with_the_settling(
+    table: BucketTable, notes: AtomicWords
+) -> None:
+    plan = AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 10 / 60), (LIMIT_CONCURRENCY, CONC, 1, 0.0)])
+    day, month = bucket_key("w", "day"), bucket_key("w", "month")
+    windows = BudgetWindows([(day, 100, None), (month, None, 5_000)], ("the day's", "the month's"))
+    assert windows.keys == (day, month) and windows.n == 2
+    rc, _ = table.admit(plan, 10, notes, 0, windows)
+    assert rc == ADMITTED and table.gauge(CONC) == 1
+    # Settling gives the place back and adds the spend to every window, in the same call.
+    assert table.finish(plan, 10, 10, notes, 0, windows, 60, 2_000) == 2
+    assert table.gauge(CONC) == 0
+    assert table.spend(day) == (60, 2_000) and table.spend(month) == (60, 2_000)
+    table.admit(plan, 10, notes, 0, windows)
+    assert table.finish(plan, 10, 10, notes, 0, windows, 40, 3_000) == 2  # the day's 100 tokens reached
+    # Over budget: the window's index and its spend; nothing is taken from any limit.
+    rpm_before = table.peek(RPM, 10 / 60, 10).remaining
+    rc, out = table.admit(plan, 10, notes, 0, windows)
+    assert (rc, out[0], out[1], out[2]) == (OVER_BUDGET, 0, 100, 5_000)
+    assert table.gauge(CONC) == 0 and notes.load(0) == 0
+    assert table.peek(RPM, 10 / 60, 10).remaining == rpm_before
+    # The base (set by the control worker) counts: the month's cost limit alone now refuses.
+    table.spend_set_base(day, -100, 0)
+    rc, out = table.admit(AdmissionPlan([]), 0, None, -1, windows)
+    assert (rc, out[0], out[2]) == (OVER_BUDGET, 1, 5_000)
+    # No spend: no window is charged (nor claimed).
+    quiet = bucket_key("w", "quiet")
+    assert table.finish(AdmissionPlan([]), 0, -1, None, -1, BudgetWindows([(quiet, 1, 1)]), 0, 0) == 1
+    assert table.spend_parts(quiet) == (0, 0, 0, 0)
+
+
+def test_a_full_table_charges_the_windows_before_the_one_it_refused() -> None:
+    small = BucketTable.create_layout(bytearray(region_size(2)), 2)
+    keys = [bucket_key("w", str(i)) for i in range(3)]
+    assert (
+        small.finish(AdmissionPlan([]), 0, -1, None, -1, BudgetWindows([(k, 10, None) for k in keys]), 1, 0)
+        == 2
+    )
+    assert [small.spend(k) for k in keys[:2]] == [(1, 0), (1, 0)]
 
 
 def test_invalid_plans_are_refused(table: BucketTable) -> None:
@@ -354,6 +400,10 @@ def test_invalid_plans_are_refused(table: BucketTable) -> None:
         table.admit(AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 1.0)]), -1, None, -1)
     with pytest.raises(ValueError):
         AdmissionPlan([(LIMIT_REQUESTS, RPM, 10, 1.0)] * 65)
+    with pytest.raises(ValueError):
+        table.admit(AdmissionPlan([]), 1, None, -1, BudgetWindows([(0, 1, 1)]))  # key 0 names nothing
+    with pytest.raises(ValueError):
+        BudgetWindows([(1, 1, 1)] * 65)
 
 
 # ---- keys and plain atomics --------------------------------------------------------------------------------

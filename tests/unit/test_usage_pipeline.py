@@ -23,12 +23,13 @@ from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
+from gateway.dataplane.limits import Limiter
 from gateway.dataplane.tap import ResponseTap
 from gateway.dataplane.usage_log import UsageLog
-from gateway.errors import BudgetExceeded
+from gateway.errors import BudgetExceeded, RateLimited
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.regions import RING_SLOT_BYTES
-from gateway.snapshot import KeyEntry, Principal, Route
+from gateway.snapshot import KeyEntry, Principal, Route, Snapshot
 from gateway.usage_record import (
     UsageRecord,
     access_line,
@@ -722,6 +723,47 @@ def test_a_request_is_checked_and_charged_in_every_window() -> None:
     guard.charge(budgets, tomorrow, 40, 0)
     with pytest.raises(BudgetExceeded, match="150 of 150 tokens in its month budget period"):
         guard.check(budgets, tomorrow)
+
+
+def test_limits_and_budgets_are_taken_together_and_settled_together() -> None:
+    """With rate limits and budgets, admission is one C call and settling another: a request over budget
+    takes nothing from any limit, and the settled spend reaches every window as the places come back."""
+    table = BucketTable.create_layout(bytearray(region_size(64)), 64)
+    limits = {"rpm": 1000, "concurrency": 1}
+    doc = {
+        "schema": 1,
+        "revision": 1,
+        "backends": {"e": {"url": "http://127.0.0.1:1"}},
+        "routes": {"m": {"canonical": "m", "kind": "frontend", "targets": [["p", "e", "p"]]}},
+        "principals": {"p1": {"name": "alice", "allow_all": True, "models": [], "limits": limits,
+                              "budgets": [{"period": "day", "tokens": 10},
+                                          {"period": "month", "tokens": 100}]}},
+        "keys": {"ab" * 32: {"id": "k1", "principal": "p1", "expires_at": None}},
+    }  # fmt: skip
+    snap = Snapshot.from_doc(doc, 1)
+    key, route = next(iter(snap.keys.values())), snap.routes["m"]
+    accounting = Accounting(Limiter(table), BudgetGuard(table, "e"), None)
+    assert key.budgets is not None
+    day_key, month_key = (k for _, k in key.budgets.windows_at("e", time.time()))
+    ex = accounting.admit(key, "m", route, 40, 8, 512)
+    assert isinstance(ex, Exchange) and ex.ticket is not None
+    with pytest.raises(RateLimited):  # the one concurrent place is held
+        accounting.admit(key, "m", route, 40, 8, 512)
+    tap = ResponseTap(_Recorder(lambda: 0), ex.headers, partial(accounting.settle, ex))
+    tap.response_bytes(200, [], _ANSWER)  # 7 tokens
+    assert ex.settled is not None and ex.settled.principal_keys == (day_key, month_key)
+    assert table.spend(day_key) == table.spend(month_key) == (7, 0)
+    ex = accounting.admit(key, "m", route, 40, 8, 512)  # the place came back with the settling
+    assert isinstance(ex, Exchange)
+    accounting.finish(ex, ResponseTap(_Recorder(lambda: 0), ex.headers), 200, "e")  # settles: 3 more
+    assert isinstance(ex.settled, tuple) and table.spend(day_key) == (7 + ex.settled.total, 0)
+    rpm = snap.principals["p1"].limits
+    assert rpm is not None
+    taken = [table.peek(bucket, rate * 60, limit).remaining for _, limit, bucket, rate in rpm.rates]
+    with pytest.raises(BudgetExceeded, match=r"this principal has used \d+ of 10 tokens in its day budget"):
+        accounting.admit(key, "m", route, 40, 8, 512)
+    assert [table.peek(bucket, rate * 60, limit).remaining for _, limit, bucket, rate in rpm.rates] == taken
+    assert table.gauge(rpm.concurrency_key) == 0
 
 
 def test_a_window_the_table_cannot_hold_is_left_out_of_the_record() -> None:
