@@ -12,9 +12,6 @@ machine's load, so two commits compare exactly (valgrind: ``./scripts/system-dep
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +26,7 @@ from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.holdings import HOLD_WORDS, Holdings
 from gateway.snapshot import Snapshot
+from perf.callgrind import instructions
 
 N = 50_000
 ANSWER = orjson.dumps(
@@ -107,20 +105,6 @@ def per_request_us(limits: bool, budget: bool, usage: bool) -> float:
     return (time.perf_counter() - started) / N * 1e6
 
 
-def instructions(limits: bool, budget: bool, usage: bool, n: int) -> int:
-    """Instructions callgrind counts in a child process that runs ``n`` requests' accounting."""
-    flags = "".join("1" if on else "0" for on in (limits, budget, usage))
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-         "perf.micro_accounting", "--child", flags, str(n)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
-
-
 ROWS = [
     ("nothing (no exchange: the plain path)", False, False, False),
     ("usage records only", False, False, True),
@@ -143,7 +127,10 @@ def main() -> None:
         print("| accounting on | instructions per request |")
         print("|---|---:|")
         for label, limits, budget, usage in ROWS:
-            few, many = (instructions(limits, budget, usage, n) for n in (2000, 6000))
+            flags = "".join("1" if on else "0" for on in (limits, budget, usage))
+            few, many = (
+                instructions("perf.micro_accounting", "--child", flags, str(n)) for n in (2000, 6000)
+            )
             print(f"| {label} | {(many - few) / 4000:,.0f} |")
         return
     print("| accounting on | µs per request |")

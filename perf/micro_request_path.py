@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -46,6 +45,7 @@ from gateway.shm.holdings import Holdings
 from gateway.shm.regions import RegionSizes, SharedRegions
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Snapshot
+from perf.callgrind import instructions
 from perf.targets import die_with_parent
 
 HASH_KEY = bytes(range(32))
@@ -229,18 +229,6 @@ async def serve_upstream(port: int) -> None:
         await server.serve_forever()
 
 
-def instructions(name: str, upstream: str, n: int) -> int:
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-         "perf.micro_request_path", "--child", name, upstream, str(n)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count from callgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--instructions", action="store_true", help="count instructions under callgrind")
@@ -262,7 +250,10 @@ def main() -> None:
             print("|---|---:|---:|")
             bare = 0.0
             for name, (label, *_) in CONFIGS.items():
-                few, many = instructions(name, upstream, 1000), instructions(name, upstream, 3000)
+                few, many = (
+                    instructions("perf.micro_request_path", "--child", name, upstream, str(n))
+                    for n in (1000, 3000)
+                )
                 per = (many - few) / 2000
                 bare = bare or per
                 print(f"| {label} | {per:,.0f} | {per / bare - 1:+.1%} |")
