@@ -42,8 +42,6 @@ __all__ = ["Limiter", "Ticket", "estimate_tokens"]
 BYTES_PER_TOKEN = 4
 # Plans cached per worker before the cache starts over (each is a few hundred bytes).
 PLAN_CACHE = 8192
-# A bucket's header triples kept per plan, one per value of what remains (each about 300 bytes).
-HEADER_CACHE = 256
 
 
 def estimate_tokens(body_len: int, max_tokens: int | None, default_completion: int) -> tuple[int, int]:
@@ -210,30 +208,29 @@ _TOKENS = ("x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-rateli
 class _HeaderRow:
     """One bucket's three x-ratelimit-* headers: its limit, what remains of it, and how long until it is full
     again (OpenAI's ``1.5s``). They depend on nothing but what remains (the limit and the rate are the
-    plan's), so the first ``HEADER_CACHE`` values seen are formatted once and kept: a bucket with a small
-    limit, or one that stays near full, then costs a dict lookup; one whose remainder keeps changing (a busy
-    tokens bucket) formats it each time, as it would anyway."""
+    plan's), so the triple last made is kept and handed out again while what remains is the same: a bucket
+    that stays near full, as a large limit does, costs one comparison; one whose remainder keeps changing
+    formats it each time. One triple per row, whatever clients do: plans are cached by the thousand."""
 
-    __slots__ = ("_known", "_limit", "limit", "rate", "remaining_name", "reset_name")
+    __slots__ = ("_last", "_last_remaining", "_limit", "limit", "rate", "remaining_name", "reset_name")
 
     def __init__(self, names: tuple[str, str, str], limit: int, rate: float) -> None:
         self._limit = (names[0], str(limit))
         self.remaining_name, self.reset_name = names[1], names[2]
         self.limit, self.rate = limit, rate
-        self._known: dict[int, tuple[tuple[str, str], ...]] = {}
+        self._last_remaining = -1
+        self._last: tuple[tuple[str, str], ...] = ()
 
     def at(self, remaining: int) -> tuple[tuple[str, str], ...]:
-        headers = self._known.get(remaining)
-        if headers is not None:
-            return headers
         left = remaining if remaining > 0 else 0
-        headers = (
+        if left == self._last_remaining:
+            return self._last
+        self._last_remaining = left
+        self._last = headers = (
             self._limit,
             (self.remaining_name, str(left)),
             (self.reset_name, f"{(self.limit - left) / self.rate:.3f}s"),
         )
-        if len(self._known) < HEADER_CACHE:
-            self._known[remaining] = headers
         return headers
 
 

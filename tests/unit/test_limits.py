@@ -57,6 +57,20 @@ def test_requests_per_minute_admits_the_burst_then_refuses(limiter: Limiter) -> 
     assert dict(tickets[0].headers)["x-ratelimit-limit-requests"] == "3"  # type: ignore[union-attr]
 
 
+def test_each_answer_carries_the_headers_of_what_remains_then(limiter: Limiter) -> None:
+    """The headers of a bucket are kept while what remains is the same, and made again when it changes."""
+    key = key_with({"rpm": 3})
+    remaining = []
+    for _ in range(3):
+        ticket = limiter.admit(key, "chat", 1)
+        assert ticket is not None
+        headers = dict(ticket.headers)
+        remaining.append(headers["x-ratelimit-remaining-requests"])
+        used = 3 - int(headers["x-ratelimit-remaining-requests"])
+        assert headers["x-ratelimit-reset-requests"] == f"{used * 20:.3f}s"  # a request per 20 s comes back
+    assert remaining == ["2", "1", "0"]
+
+
 def test_headers_off_still_limits_and_says_when_to_retry(limiter: Limiter) -> None:
     quiet = Limiter(limiter.table, headers=False)
     key = key_with({"rpm": 2, "tpm": 1000})
