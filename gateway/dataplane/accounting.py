@@ -317,16 +317,16 @@ class Accounting:
         # A shared table that fails (it is full) is logged, not raised: the answer still goes out and its
         # record is still written; a spend the live counters missed reaches the budgets through the store
         # (the record then names no live counter, so the control worker folds it into the bases).
+        windows = guard.windows(budgets, time.time()) if budgets is not None and guard is not None else None
         try:
-            if budgets is not None and guard is not None:
-                if ticket is not None and self.limiter is not None:  # limits and budgets in one C call
-                    windows = guard.windows(budgets, time.time())
-                    added = self.limiter.finish(ticket, used, windows, total, cost)
-                    live = held(budgets, windows, added, ex.request_id or "-")
-                else:
-                    live = guard.charge(budgets, time.time(), total, cost, ex.request_id or "-")
-            elif ticket is not None and self.limiter is not None:
-                self.limiter.finish(ticket, used)
+            # The limits and the budgets in one C call; the budgets alone when the request has no limits.
+            added = 0
+            if ticket is not None and self.limiter is not None:
+                added = self.limiter.finish(ticket, used, windows, total, cost)
+            elif windows is not None and guard is not None:
+                added = guard.charge_windows(windows, total, cost)
+            if windows is not None and budgets is not None:
+                live = held(budgets, windows, added, ex.request_id or "-")
         except NativeError as exc:
             log.error("settling request %s in the bucket table failed: %s", ex.request_id or "-", exc)
         ex.settled = _new(Settled, (prompt, completion, cached, total, source, cost, *live))

@@ -66,13 +66,16 @@ class BudgetGuard:
         rate limits); returns the keys of those it was added to (the principal's budgets', the key's), for
         the request's usage record."""
         windows = self.windows(budgets, now)
-        added = self.table.finish(self._no_limits, 0, -1, None, -1, windows, tokens, cost_nanos)
-        return held(budgets, windows, added, request_id)
+        return held(budgets, windows, self.charge_windows(windows, tokens, cost_nanos), request_id)
+
+    def charge_windows(self, windows: BudgetWindows, tokens: int, cost_nanos: int) -> int:
+        """``charge`` of the windows ``windows`` made, in one C call; how many of them hold the spend."""
+        return self.table.finish(self._no_limits, 0, -1, None, -1, windows, tokens, cost_nanos)
 
 
-def over_budget(windows: BudgetWindows, out: Any, now: float | None = None) -> BudgetExceeded:
+def over_budget(windows: BudgetWindows, out: Any) -> BudgetExceeded:
     """The refusal of a request whose admission call said ``OVER_BUDGET``: ``out`` names the window."""
-    return BudgetExceeded(exceeded_message(windows.budgets[out[0]], out[1], out[2], now))
+    return BudgetExceeded(exceeded_message(windows.budgets[out[0]], out[1], out[2]))
 
 
 def held(budgets: BudgetSet, windows: BudgetWindows, added: int, request_id: str) -> Live:
