@@ -191,8 +191,9 @@ int gw_json_member_span(const char *data, size_t len, const char *key, size_t ke
 /* How many members the top-level object of the JSON text in data[0, len) has as written: the colons at
  * depth 1 outside strings. Compared with the parsed object's size, it tells a body with a duplicate member
  * (however its name is spelled: "model" and "\u006dodel" are one name once parsed). For a body already
- * parsed as a JSON object; never reads outside data[0, len). */
-int64_t gw_json_top_members(const char *data, size_t len);
+ * parsed as a JSON object; never reads outside data[0, len). -1 when an object or array opens deeper than
+ * max_depth (the top-level object is depth 1): the body is refused before anything walks it. */
+int64_t gw_json_top_members(const char *data, size_t len, int64_t max_depth);
 
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 

@@ -9,7 +9,8 @@
  * for byte: the last top-level occurrence of the key, spelled without escapes, whose value is a string.
  *
  * gw_json_top_members counts the top-level object's members as written, so that a body naming one twice
- * can be refused (gateway/protocol/json_members.py is its reference).
+ * can be refused, and says when the body nests deeper than the gateway's one depth limit (-1), in the same
+ * pass (gateway/protocol/json_members.py is its reference).
  *
  * Reads only data[0, len); no allocation, no I/O.
  */
@@ -76,7 +77,7 @@ int gw_json_member_span(const char *data, size_t len, const char *key, size_t ke
     return found;
 }
 
-int64_t gw_json_top_members(const char *data, size_t len) {
+int64_t gw_json_top_members(const char *data, size_t len, int64_t max_depth) {
     if (data == NULL) return 0;
     int64_t depth = 0, members = 0;
     size_t pos = 0;
@@ -90,8 +91,9 @@ int64_t gw_json_top_members(const char *data, size_t len) {
             pos = end + 1;
             continue;
         }
-        if (c == '{' || c == '[') depth++;
-        else if (c == '}' || c == ']') depth--;
+        if (c == '{' || c == '[') {
+            if (++depth > max_depth) return -1;
+        } else if (c == '}' || c == ']') depth--;
         else if (c == ':' && depth == 1) members++;
         pos++;
     }

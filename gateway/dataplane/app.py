@@ -368,12 +368,16 @@ class ProxyApp:
             decided = snap.routes.get(decision.model)
             out.context_failover = decided is not None and decided.context_failover
         forwarder = self.forwarder_or_fail()
+        allowance = info.max_tokens
+        if info.choices > 1:  # each of ``n`` choices may use the whole allowance
+            default = self.settings.default_completion_tokens
+            allowance = (allowance if allowance is not None else default) * info.choices
         exchange = self.accounting.admit(
             key,
             info.model,
             route,
             len(body),
-            info.max_tokens,
+            allowance,
             self.settings.default_completion_tokens,
             headers.get("x-request-id"),
         )
@@ -466,7 +470,7 @@ class ProxyApp:
                 return Outgoing("responses", method, path_qs, forwarded, body, info, None, default)
             if method != "POST":
                 raise MethodNotAllowed(f"{path} takes POST")
-            info, doc = inspect_responses(body)
+            info, doc = inspect_responses(body, top_members)
             return Outgoing("responses", method, path_qs, forwarded, body, info, None, default, responses=doc)
         info = self.inspect(body, headers.get("content-type") or "", method, qs)
         return Outgoing(

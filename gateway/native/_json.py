@@ -9,6 +9,7 @@ from typing import Final
 from gateway.native._ffi import PURE_PYTHON, require_native
 from gateway.native._ffi import ffi as _ffi
 from gateway.native._ffi import lib as _lib
+from gateway.protocol.bounds import MAX_DEPTH
 from gateway.protocol.json_members import count_top_members
 from gateway.protocol.openai_request import find_model_span
 
@@ -28,7 +29,7 @@ model_span: Final = find_model_span if PURE_PYTHON else model_span_c
 
 def top_members_c(body: bytes) -> int:
     """``gateway.protocol.json_members.count_top_members`` in C (``native/json_member.c``)."""
-    members: int = (_lib or require_native()).gw_json_top_members(body, len(body))
+    members: int = (_lib or require_native()).gw_json_top_members(body, len(body), MAX_DEPTH)
     return members
 
 

@@ -35,7 +35,8 @@ from typing import Any, Final
 import orjson
 
 from gateway.errors import BadRequest, anthropic_error_type
-from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
+from gateway.protocol.bounds import MAX_TOKENS
+from gateway.protocol.json_members import MemberCounter, count_top_members, decode_object
 
 __all__ = [
     "IMAGE_TOKENS",
@@ -104,9 +105,7 @@ def read_messages_head(
 ) -> MessagesHead:
     """The fields the gateway routes, admits and meters by, checked; nothing else is looked at.
     ``members`` counts the body's top-level members as written: a member named twice is refused."""
-    doc = _decode(body)
-    refuse_duplicates(body, doc, members)
-    return _check_head(doc, count_tokens)
+    return _check_head(decode_object(body, members), count_tokens)
 
 
 def _check_head(doc: dict[str, Any], count_tokens: bool) -> MessagesHead:
@@ -124,21 +123,15 @@ def _check_head(doc: dict[str, Any], count_tokens: bool) -> MessagesHead:
             raise BadRequest("max_tokens: Input should be a valid integer", param="max_tokens")
         if value < 1:
             raise BadRequest("max_tokens: Input should be greater than or equal to 1", param="max_tokens")
+        if value > MAX_TOKENS:
+            raise BadRequest(
+                f"max_tokens: Input should be less than or equal to {MAX_TOKENS}", param="max_tokens"
+            )
         max_tokens = value
     stream = doc.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise BadRequest("stream: Input should be a valid boolean", param="stream")
     return MessagesHead(model, max_tokens, stream is True, _user_id(doc.get("metadata")), doc)
-
-
-def _decode(body: bytes) -> dict[str, Any]:
-    try:
-        doc: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    return doc
 
 
 def _user_id(metadata: Any) -> str | None:
@@ -153,9 +146,7 @@ def _user_id(metadata: Any) -> str | None:
 
 
 def parse_messages_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
-    doc = _decode(body)
-    refuse_duplicates(body, doc, members)
-    return parse_messages_doc(doc)
+    return parse_messages_doc(decode_object(body, members))
 
 
 def parse_messages_doc(doc: dict[str, Any], *, count_tokens: bool = False) -> MessagesRequest:
@@ -431,9 +422,7 @@ def _length(value: Any) -> int:
 
 def parse_count_tokens_request(body: bytes, members: MemberCounter = count_top_members) -> MessagesRequest:
     """A ``count_tokens`` body, checked like a Messages request except that it has no ``max_tokens``."""
-    doc = _decode(body)
-    refuse_duplicates(body, doc, members)
-    return parse_messages_doc(doc, count_tokens=True)
+    return parse_messages_doc(decode_object(body, members), count_tokens=True)
 
 
 def count_tokens_estimate(body: bytes) -> int:

@@ -136,11 +136,11 @@ def request_to_anthropic(body: bytes, upstream_model: str, default_max_tokens: i
     if isinstance(user, str):
         out["metadata"] = {"user_id": user}
     tools = doc.get("tools")
+    choice = _tool_choice(doc.get("tool_choice"))  # checked with or without tools: refused, not dropped
     if tools:
         if not isinstance(tools, list):
             raise BadRequest("tools must be a list", param="tools")
         out["tools"] = [_tool(t, i) for i, t in enumerate(tools)]
-        choice = _tool_choice(doc.get("tool_choice"))
         if doc.get("parallel_tool_calls") is False:
             choice = {**(choice or {"type": "auto"}), "disable_parallel_tool_use": True}
         if choice is not None:

@@ -115,11 +115,11 @@ def request_to_gemini(body: bytes) -> tuple[str, bytes]:
     if system:
         out["systemInstruction"] = {"parts": system}
     tools = doc.get("tools")
+    config = _tool_config(doc.get("tool_choice"))  # checked with or without tools: refused, not dropped
     if tools:
         if not isinstance(tools, list):
             raise BadRequest("tools must be a list", param="tools")
         out["tools"] = [{"functionDeclarations": [_declaration(t, i) for i, t in enumerate(tools)]}]
-        config = _tool_config(doc.get("tool_choice"))
         if config is not None:
             out["toolConfig"] = {"functionCallingConfig": config}
     generation = _generation_config(doc)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import orjson
 
 from gateway.errors import BadRequest
-from gateway.protocol.json_members import MemberCounter, count_top_members, refuse_duplicates
+from gateway.protocol.bounds import boolean, choices, token_allowance
+from gateway.protocol.json_members import MemberCounter, count_top_members, decode_object
 
 __all__ = [
     "RequestInfo",
@@ -53,31 +54,27 @@ class RequestInfo(NamedTuple):
     multipart: bool = False
     stream_options: bool = False  # the body has a stream_options member, whatever its value
     user: str | None = None  # the "user" member (Anthropic's metadata.user_id): routing rules test it
+    choices: int = 1  # ``n``: each choice may use the whole completion allowance
 
 
 def inspect_json(body: bytes, members: MemberCounter = count_top_members) -> RequestInfo:
     """The request's routing facts; ``members`` counts the body's top-level members as written (the C
     counter on the request path), so that a body naming a member twice is refused."""
-    if not body:
-        raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        doc: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
-    refuse_duplicates(body, doc, members)
+    doc = decode_object(body, members)
     model = doc.get("model")
     if model is None:
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model must be a non-empty string", param="model")
-    stream = doc.get("stream") is True
+    stream = boolean(doc, "stream")
     opts = doc.get("stream_options")
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
-    max_tokens = doc.get("max_completion_tokens", doc.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool)):
-        raise BadRequest("max_tokens must be an integer", param="max_tokens")
+    # Both are read and bounded; the newer name wins when a client sends both, as OpenAI's does.
+    legacy = token_allowance(doc, "max_tokens")
+    max_tokens = token_allowance(doc, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = legacy
+    n = choices(doc)
     user = doc.get("user")
     return RequestInfo(
         model,
@@ -88,6 +85,7 @@ def inspect_json(body: bytes, members: MemberCounter = count_top_members) -> Req
         False,
         "stream_options" in doc,
         user if isinstance(user, str) else None,
+        n,
     )
 
 

@@ -44,6 +44,8 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from gateway.errors import BadRequest, BadUpstreamResponse
+from gateway.protocol.bounds import boolean, token_allowance
+from gateway.protocol.json_members import MemberCounter, count_top_members, decode_object
 from gateway.protocol.openai_request import RequestInfo
 from gateway.protocol.sse import EventTranslator, SSEDecoder, encode_event
 from gateway.protocol.usage import Usage
@@ -108,27 +110,22 @@ class Echo(NamedTuple):
     custom_tools: frozenset[str]
 
 
-def inspect_request(body: bytes) -> tuple[RequestInfo, dict[str, Any]]:
-    """Routing facts of a ``POST /v1/responses`` body, and the parsed body (translators reuse it)."""
-    if not body:
-        raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        doc: Any = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise BadRequest("request body must be a JSON object")
+def inspect_request(
+    body: bytes, members: MemberCounter = count_top_members
+) -> tuple[RequestInfo, dict[str, Any]]:
+    """Routing facts of a ``POST /v1/responses`` body, and the parsed body (translators reuse it).
+    ``members`` counts the body's top-level members (the C counter on the request path): a member named
+    twice, or nesting past the one depth limit, is refused as on every other path."""
+    doc = decode_object(body, members)
     model = doc.get("model")
     if model is None:
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model must be a non-empty string", param="model")
-    cap = doc.get("max_output_tokens")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise BadRequest("max_output_tokens must be a positive integer", param="max_output_tokens")
+    cap = token_allowance(doc, "max_output_tokens", minimum=1)
     user = doc.get("safety_identifier", doc.get("user"))
     info = RequestInfo(
-        model, doc.get("stream") is True, True, cap, None, user=user if isinstance(user, str) else None
+        model, boolean(doc, "stream"), True, cap, None, user=user if isinstance(user, str) else None
     )
     return info, doc
 
@@ -184,9 +181,10 @@ def request_to_chat(doc: dict[str, Any], upstream_model: str) -> bytes:
     if isinstance(user, str):
         out["user"] = user
     tools = [t for t in (_tool(t, i) for i, t in enumerate(doc.get("tools") or ())) if t is not None]
+    # Checked with or without tools: a tool_choice that cannot translate is refused, not dropped.
+    choice = _tool_choice(doc.get("tool_choice"))
     if tools:
         out["tools"] = tools
-        choice = _tool_choice(doc.get("tool_choice"))
         if choice is not None:
             out["tool_choice"] = choice
     response_format = _response_format(doc.get("text"))

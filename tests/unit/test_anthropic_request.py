@@ -236,6 +236,8 @@ def test_the_head_refuses_only_what_the_gateway_reads(case: dict[str, Any]) -> N
         ({"max_tokens": None}, "max_tokens: Field required"),
         ({"max_tokens": "10"}, "max_tokens: Input should be a valid integer"),
         ({"max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+        ({"max_tokens": 2**63 - 1}, "max_tokens: Input should be less than or equal to 2147483647"),
+        ({"max_tokens": -(2**63)}, "max_tokens: Input should be greater than or equal to 1"),
         ({"stream": "yes"}, "stream: Input should be a valid boolean"),
     ],
 )

@@ -8,6 +8,7 @@ import pytest
 from gateway.errors import BadRequest
 from gateway.native import HAVE_NATIVE, top_members_c
 from gateway.protocol.anthropic import parse_messages_request
+from gateway.protocol.bounds import MAX_DEPTH
 from gateway.protocol.json_members import count_top_members
 from gateway.protocol.openai_request import inspect_json
 
@@ -25,7 +26,7 @@ DUPLICATES = [
 UNIQUE = [
     b'{"model":"a"}',
     b'{"model":"a","messages":[{"role":"user","content":"x: {\\"model\\": 1}, [:]"}]}',
-    b'{"model":"a","stream_options":{"include_usage":true,"x":{"y":1}},"n":[1,{"a":2}]}',
+    b'{"model":"a","stream_options":{"include_usage":true,"x":{"y":1}},"extra":[1,{"a":2}]}',
     b'{"model":"a\\\\","b":"\\"","c":":"}',
     b"{}",
     b'{"model":"caf\xc3\xa9","k":"\\u00e9"}',
@@ -39,6 +40,23 @@ def test_counters_agree_with_the_parser(body: bytes) -> None:
     assert (written != len(doc)) == (body in DUPLICATES)
     if HAVE_NATIVE:
         assert top_members_c(body) == written
+
+
+@pytest.mark.parametrize(
+    ("body", "members"),
+    [
+        (b'{"a":' + b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1) + b"}", 1),
+        (b'{"a":' + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"}", -1),
+        (b'{"a":' + b'{"b":' * MAX_DEPTH + b"1" + b"}" * (MAX_DEPTH + 1), -1),
+        (b'{"a":"' + b"[" * 500 + b'","b":2}', 2),  # brackets inside strings are not structure
+    ],
+)
+def test_counters_bound_the_depth(body: bytes, members: int) -> None:
+    """One depth limit for every path, found in the same pass that counts the members: -1 past it."""
+    orjson.loads(body)
+    assert count_top_members(body) == members
+    if HAVE_NATIVE:
+        assert top_members_c(body) == members
 
 
 @pytest.mark.parametrize("body", DUPLICATES)

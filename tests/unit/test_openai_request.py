@@ -31,6 +31,9 @@ ODD = (
         (ODD, "chat", True, True, None),
         (b'{"max_tokens": 7, "model": "b", "stream": false}', "b", False, False, 7),
         (b'{"max_completion_tokens": 9, "model": "b"}', "b", False, False, 9),
+        (b'{"max_completion_tokens": 9, "max_tokens": 3, "model": "b"}', "b", False, False, 9),
+        (b'{"max_tokens": 2147483647, "model": "b", "stream": null}', "b", False, False, 2147483647),
+        (b'{"model": "b", "x": ' + b"[" * 127 + b"]" * 127 + b"}", "b", False, False, None),
     ],
 )
 def test_inspect_json(
@@ -55,6 +58,19 @@ def test_inspect_json(
         (b'{"model": 3}', "non-empty string"),
         (b'{"model": ""}', "non-empty string"),
         (b'{"model": "a", "max_tokens": "many"}', "max_tokens"),
+        # Every figure read from a body is bounded (gateway.protocol.bounds): 400, never a 500 or a record
+        # whose numbers overflow the store.
+        (b'{"model": "a", "max_tokens": 9223372036854775807}', "between 0 and 2147483647"),
+        (b'{"model": "a", "max_tokens": -9223372036854775808}', "between 0 and 2147483647"),
+        (b'{"model": "a", "max_tokens": -1}', "between 0"),
+        (b'{"model": "a", "max_completion_tokens": 2147483648}', "max_completion_tokens"),
+        (b'{"model": "a", "max_tokens": 1, "max_completion_tokens": 1e30}', "max_completion_tokens"),
+        (b'{"model": "a", "n": 0}', "n must be"),
+        (b'{"model": "a", "n": 129}', "n must be"),
+        (b'{"model": "a", "n": 2.5}', "n must be"),
+        (b'{"model": "a", "stream": "yes"}', "stream must be a boolean"),
+        (b'{"model": "a", "stream": 1}', "stream must be a boolean"),
+        (b'{"model": "a", "x": ' + b"[" * 128 + b"]" * 128 + b"}", "deeper than 128"),
     ],
 )
 def test_inspect_json_rejects(body: bytes, message: str) -> None:

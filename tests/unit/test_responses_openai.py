@@ -57,9 +57,14 @@ def test_refused_requests_name_the_field(case: dict[str, Any]) -> None:
         (b'{"input":"hi"}', "model", "model parameter"),
         (b'{"model":"","input":"hi"}', "model", "non-empty"),
         (b'{"model":3,"input":"hi"}', "model", "non-empty"),
-        (b'{"model":"m","max_output_tokens":"9"}', "max_output_tokens", "positive integer"),
-        (b'{"model":"m","max_output_tokens":0}', "max_output_tokens", "positive integer"),
-        (b'{"model":"m","max_output_tokens":true}', "max_output_tokens", "positive integer"),
+        (b'{"model":"m","max_output_tokens":"9"}', "max_output_tokens", "must be an integer"),
+        (b'{"model":"m","max_output_tokens":0}', "max_output_tokens", "between 1 and 2147483647"),
+        (b'{"model":"m","max_output_tokens":true}', "max_output_tokens", "must be an integer"),
+        (b'{"model":"m","max_output_tokens":9223372036854775807}', "max_output_tokens", "between 1"),
+        (b'{"model":"m","max_output_tokens":-9223372036854775808}', "max_output_tokens", "between 1"),
+        (b'{"model":"m","stream":"yes"}', "stream", "must be a boolean"),
+        (b'{"model":"m","model":"n"}', None, "more than once"),
+        (b'{"model":"m","metadata":' + b'{"a":' * 300 + b"1" + b"}" * 301, None, "deeper than 128"),
     ],
 )
 def test_inspect_refuses_what_routing_cannot_read(body: bytes, param: str | None, words: str) -> None:
@@ -73,7 +78,7 @@ def test_inspect_refuses_what_routing_cannot_read(body: bytes, param: str | None
     [
         ({"model": "m", "input": "x"}, False, None, None),
         ({"model": "m", "input": "x", "stream": True, "max_output_tokens": 9}, True, 9, None),
-        ({"model": "m", "input": "x", "stream": "yes", "user": "u"}, False, None, "u"),
+        ({"model": "m", "input": "x", "stream": False, "user": "u"}, False, None, "u"),
         ({"model": "m", "input": "x", "user": "u", "safety_identifier": "s"}, False, None, "s"),
     ],
 )
