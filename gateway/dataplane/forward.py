@@ -235,11 +235,14 @@ class Forwarder:
             tap.meter = translation
         headers = _response_headers(resp)
         length = resp.content_length
-        streamed = (
-            length is None
-            or resp.content_type == "text/event-stream"
-            or (length > WHOLE_LIMIT and translation is None)
-        )
+        # How the answer is framed (a length, chunks, or the connection's close) is the HTTP client's
+        # business, read once there for every pair; whether it is a stream is what its type says. A whole
+        # answer to translate is read whole however it is framed (real Gemini endpoints send chunked JSON);
+        # a verbatim one streams when it has no length or a large one, so it is never held whole.
+        if translation is not None:
+            streamed = resp.content_type == "text/event-stream"
+        else:
+            streamed = length is None or length > WHOLE_LIMIT or resp.content_type == "text/event-stream"
         try:
             if not streamed:
                 try:

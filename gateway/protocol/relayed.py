@@ -2,8 +2,9 @@
 
 A stream the client abandoned, or one the backend broke off, usually ends before the engine's usage
 report. What the gateway knows then is how many bytes it relayed and the last few KiB of them (the tap's
-tail buffer). The estimate reads the content of the complete stream events in that tail (OpenAI and
-Anthropic deltas: text, reasoning, tool-call arguments), takes the share of those bytes that is content,
+tail buffer). The estimate reads the content of the complete stream events in that tail (OpenAI chat and
+completions, Anthropic and Responses API deltas: text, reasoning, refusals, tool-call arguments and custom
+tool input), takes the share of those bytes that is content,
 applies it to every byte relayed, and counts four characters a token (the usual ratio for English text
 with these tokenizers). A tail with no stream events (a plain body cut short) counts four bytes a token.
 It runs once per such answer, never per chunk. Sans-I/O: bytes in, a number out.
@@ -60,8 +61,11 @@ def _content_chars(doc: Any) -> int:
                 delta = choice.get("delta")
                 n += _delta_chars(delta if isinstance(delta, dict) else choice)
         return n
-    delta = doc.get("delta")  # Anthropic content_block_delta
-    return _delta_chars(delta) if isinstance(delta, dict) else 0
+    delta = doc.get("delta")
+    if isinstance(delta, str):  # Responses API: response.output_text.delta, ...arguments.delta, ...
+        kind = doc.get("type")
+        return len(delta) if isinstance(kind, str) and kind.endswith(".delta") else 0
+    return _delta_chars(delta) if isinstance(delta, dict) else 0  # Anthropic content_block_delta
 
 
 def _delta_chars(delta: dict[str, Any]) -> int:

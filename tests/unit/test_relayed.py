@@ -47,3 +47,20 @@ def test_events_without_content_count_nothing_and_plain_bodies_count_bytes() -> 
     assert estimate_relayed_tokens(stream, len(stream)) == 0
     assert estimate_relayed_tokens(b'{"choices":[{"message":{"content":"abcdefgh', 43) == 11
     assert estimate_relayed_tokens(b"", 0) == 0
+
+
+def test_responses_api_deltas_count() -> None:
+    """Responses API events carry their delta as a string (text, function arguments, reasoning, custom tool
+    input); a cut Responses stream is billed for them like a chat stream (issue 29: it was billed 0)."""
+    events = [
+        {"type": "response.created", "response": {"id": "r", "output": []}},
+        {"type": "response.output_text.delta", "delta": "a" * 40, "item_id": "m", "output_index": 0},
+        {"type": "response.function_call_arguments.delta", "delta": "b" * 40, "item_id": "f"},
+        {"type": "response.reasoning_text.delta", "delta": "c" * 20, "item_id": "r"},
+        {"type": "response.custom_tool_call_input.delta", "delta": "d" * 20, "item_id": "c"},
+        {"type": "response.output_text.done", "text": "a" * 40, "item_id": "m"},
+    ]
+    stream = b"".join(encode_event(e["type"], orjson.dumps(e)) for e in events)
+    assert estimate_relayed_tokens(stream, len(stream)) == 30
+    long = stream * 200
+    assert 5700 <= estimate_relayed_tokens(long[-4096:], len(long)) <= 6300
