@@ -86,6 +86,11 @@ def _cidrs(text: str) -> tuple[str, ...]:
     return out
 
 
+def _header_names(text: str) -> tuple[str, ...]:
+    """``--drop-request-headers``: comma-separated header names, lowercased."""
+    return tuple(n.strip().lower() for n in text.split(",") if n.strip())
+
+
 def _env(name: str) -> str | None:
     return os.environ.get(name) or None
 
@@ -152,6 +157,14 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
         default=_cidrs(os.environ.get("GATEWAY_TRUSTED_PROXIES", "")) or None,
         help="comma-separated networks (CIDRs) of load balancers whose X-Forwarded-For names the client "
         "(none: the socket's peer is the client; env GATEWAY_TRUSTED_PROXIES)",
+    )
+    p.add_argument(
+        "--drop-request-headers",
+        type=_header_names,
+        default=_header_names(os.environ.get("GATEWAY_DROP_REQUEST_HEADERS", "")) or None,
+        help="comma-separated request headers that carry clients' credentials here, never sent to an engine "
+        "(besides authorization, x-api-key, api-key, cookie, proxy-authorization; "
+        "env GATEWAY_DROP_REQUEST_HEADERS)",
     )
 
 

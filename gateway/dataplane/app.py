@@ -64,9 +64,11 @@ __all__ = ["ProxyApp"]
 log = logging.getLogger("gateway.dataplane")
 
 _JSON = [("content-type", "application/json")]
-# Never forwarded upstream: the client's credentials, connection-level headers, and Accept-Encoding
-# (bytes must arrive uncompressed so usage can be read from them).
-_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+# Never forwarded upstream: the client's credentials however its SDK sends them (Bearer, Anthropic's
+# x-api-key, Azure's api-key, a cookie; operators name more with --drop-request-headers), connection-level
+# headers, and Accept-Encoding (bytes must arrive uncompressed so usage can be read from them).
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie", "proxy-authorization"})
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | CREDENTIAL_HEADERS | {"accept-encoding"}
 _KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
@@ -102,6 +104,7 @@ class ProxyApp:
         # Who the client is, as --trusted-proxies decides it: per-key allow_ips test this address.
         self.trusted = clients.trusted if clients is not None else TrustedProxies(settings.trusted_proxies)
         self.load = load if load is not None else BackendLoad(None, None)
+        self.drop = _DROP_REQUEST_HEADERS | frozenset(settings.drop_request_headers)  # one set, made once
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
         self._usage_task: asyncio.Task[None] | None = None
@@ -435,11 +438,7 @@ class ProxyApp:
         named = headers.get_all("connection")
         # Headers the client's Connection header names are hop-by-hop as well (RFC 9110 7.6.1). Clients
         # send none or "keep-alive", so the usual drop set serves.
-        drop = (
-            _DROP_REQUEST_HEADERS | connection_named(named)
-            if named and named != _KEEP_ALIVE
-            else _DROP_REQUEST_HEADERS
-        )
+        drop = self.drop | connection_named(named) if named and named != _KEEP_ALIVE else self.drop
         forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
         if path.startswith(MESSAGES + "/") and path != _COUNT_TOKENS:
@@ -515,7 +514,7 @@ class ProxyApp:
         """The client's address: the socket's peer, or the hop a trusted proxy vouches for."""
         peer = peer_address(scope.client or "")
         if self.trusted:
-            return self.trusted.client_of(peer, scope.headers.get("x-forwarded-for"))
+            return self.trusted.client_of(peer, scope.headers.get_all("x-forwarded-for"))
         return peer
 
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:

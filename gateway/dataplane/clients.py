@@ -83,11 +83,14 @@ class TrustedProxies:
             self._known[address] = known
         return known
 
-    def client_of(self, peer: str, forwarded_for: str | None) -> str:
-        """The client's address: the peer's, or, from a trusted peer, the right-most untrusted hop."""
-        if forwarded_for is None or not self.networks or not self.trusts(peer):
+    def client_of(self, peer: str, forwarded_for: list[str]) -> str:
+        """The client's address: the peer's, or, from a trusted peer, the right-most untrusted hop of
+        ``forwarded_for``, every ``X-Forwarded-For`` line of the request in order. Repeated lines are one
+        comma-separated list (RFC 9110 5.3): HAProxy's ``option forwardfor`` adds a line of its own after
+        the client's, and reading only the first would believe what the client wrote."""
+        if not forwarded_for or not self.networks or not self.trusts(peer):
             return peer
-        hops = [h.strip() for h in forwarded_for.split(",")]
+        hops = [h.strip() for line in forwarded_for for h in line.split(",")]
         for hop in reversed(hops):
             hop = hop.strip("[]") if hop.startswith("[") else hop
             if not hop:
@@ -145,7 +148,7 @@ class ClientLimiter:
         """The request's client address, as the limits count it."""
         peer = peer_address(scope.client)
         if self.trusted:
-            return self.trusted.client_of(peer, scope.headers.get("x-forwarded-for"))
+            return self.trusted.client_of(peer, scope.headers.get_all("x-forwarded-for"))
         return peer
 
     def slot(self, address: str) -> int:

@@ -231,8 +231,11 @@ class Forwarder:
         an error event in its protocol before its end. A translated answer goes through its translation,
         event by event when streamed."""
         tap = proto if isinstance(proto, ResponseTap) else None
-        if translation is not None and tap is not None:
-            tap.meter = translation
+        if tap is not None:
+            if translation is not None:
+                tap.meter = translation
+            # A whole body's usage is whole or missing; a stream's may have stopped short of its report.
+            tap.unframed = resp.unframed and resp.content_type == "text/event-stream"
         headers = _response_headers(resp)
         length = resp.content_length
         # How the answer is framed (a length, chunks, or the connection's close) is the HTTP client's

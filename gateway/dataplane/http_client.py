@@ -103,7 +103,7 @@ class _OriginPool:
 class UpstreamResponse:
     """The status line and headers of an answer, and its body to come. Call ``release`` when done."""
 
-    __slots__ = ("_conn", "content_length", "content_type", "headers", "status")
+    __slots__ = ("_conn", "content_length", "content_type", "headers", "status", "unframed")
 
     def __init__(self, conn: _Conn, head: ResponseHead) -> None:
         self._conn: _Conn | None = conn
@@ -111,6 +111,9 @@ class UpstreamResponse:
         self.headers = head.headers
         self.content_length = head.content_length
         self.content_type = head.content_type
+        # Neither a length nor chunks: the body ends when the connection does, so a backend that drops
+        # the connection mid-answer cannot be told from one that finished.
+        self.unframed = head.content_length is None and not head.chunked
 
     async def read(self, limit: int = 0) -> bytes:
         """The whole body. Each wait for more of it is bounded by the request's ``read_timeout``; with a

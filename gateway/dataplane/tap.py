@@ -30,6 +30,8 @@ from gateway.protocol.relayed import estimate_relayed_tokens
 __all__ = ["ResponseTap", "TapTransport"]
 
 TAIL_BYTES = 4096
+# What the last events of a complete stream contain, in each protocol a client speaks.
+_ENDS = (b"[DONE]", b"message_stop", b"response.completed", b"response.incomplete", b"response.failed")
 
 
 class ResponseTap:
@@ -45,6 +47,7 @@ class ResponseTap:
         "started",
         "status",
         "tail",
+        "unframed",
         "whole",
         "withhold_usage",
     )
@@ -76,6 +79,9 @@ class ResponseTap:
         self.attempts = 0
         self.relayed = 0  # bytes of a streamed answer handed to the client
         self.cut: str | None = None  # "client" | "upstream" when a started answer ended short
+        # Delimited by the connection's close: its end may have been a cut nobody could see, so what was
+        # relayed is weighed against what the engine reported, as for a cut one.
+        self.unframed = False
 
     def __call__(self) -> Awaitable[bytes]:
         return self._proto()
@@ -124,9 +130,19 @@ class ResponseTap:
             return self.tail.usage()
         return None
 
+    def ended_short(self) -> bool:
+        """A stream delimited by the connection's close whose last bytes hold no end of the client's
+        protocol (``[DONE]``, ``message_stop``, a Response's last event): it was cut where nobody could
+        see it. Only such streams pay for the look (one search of the 4 KiB tail)."""
+        tail = self.tail
+        if not self.unframed or tail is None:
+            return False
+        last = tail.getvalue()
+        return not any(marker in last for marker in _ENDS)
+
     def relayed_usage(self, prompt_estimate: int) -> tuple[int, int] | None:
-        """(prompt, completion) tokens of a streamed answer that ended short without its usage report,
-        estimated from what was relayed; None when nothing was."""
+        """(prompt, completion) tokens of a streamed answer that ended short (or may have: ``unframed``)
+        without its usage report, estimated from what was relayed; None when nothing was."""
         tail = self.tail
         if tail is None or not self.relayed or getattr(self.meter, "unbilled", False):
             return None

@@ -98,6 +98,7 @@ class Sent:
     request_id: str
     relayed_tokens: int  # completion tokens the client was seen to receive
     reported: int | None  # the upstream's own count, when the answer was whole and complete
+    case: str = ""  # what was sent, for the failure's message
 
 
 def rss_kib(pids: list[int]) -> int:
@@ -112,7 +113,8 @@ def rss_kib(pids: list[int]) -> int:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("pairs")
     up = FramedUpstream()
-    gw = Gateway(tmp, config(up.url), workers=2, extra=("--engine-scrape-interval", "0"))
+    extra = ("--engine-scrape-interval", "0", "--drop-request-headers", "X-Tenant-Token")
+    gw = Gateway(tmp, config(up.url), workers=2, extra=extra)
     keys = {p: gw.create_key(p) for p in ("alice", "metered", "capped")}
     for key in keys.values():
         gw.wait_key_live(key)
@@ -368,6 +370,40 @@ def test_fields_the_docs_say_are_refused_are(
     assert param in resp.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_no_client_credential_reaches_an_engine(env: Env, dialect: str, model: str) -> None:
+    """Case 7: a client authenticating with Bearer that also sent its key in ``api-key`` (as Azure-style
+    SDKs do) or a cookie had both forwarded to the engine, key included; so would a header the operator
+    knows carries credentials. None of them reaches an engine, on any pair."""
+    key = env.keys["alice"]
+    headers = {
+        **env.headers(dialect),
+        "authorization": f"Bearer {key}",
+        "api-key": key,
+        "cookie": f"session={key}",
+        "proxy-authorization": f"Basic {key}",
+        "x-tenant-token": key,
+        "x-trace-me": "kept",
+    }
+    env.up.heads.clear()
+    resp = httpx.post(
+        env.gw.url + PATHS[dialect], json=body_of(dialect, model, False), headers=headers, timeout=20
+    )
+    assert resp.status_code == 200, resp.text
+    (head,) = env.up.heads
+    assert key.encode() not in head
+    names = {line.partition(b":")[0].strip().lower() for line in head.split(b"\r\n")[1:]}
+    assert not names & {b"api-key", b"cookie", b"proxy-authorization", b"x-tenant-token", b"x-api-key"}
+    verbatim = (dialect, model) in {
+        ("chat", "m-chatbe"),
+        ("chat", "m-native"),
+        ("responses", "m-native"),
+        ("messages", "m-claude"),
+    }
+    assert (b"x-trace-me" in names) == verbatim  # other headers still go on verbatim pairs
+
+
 # -- the property suite -------------------------------------------------------------------------------------
 
 CUT_OR_NOT = st.one_of(st.none(), st.integers(0, 30))
@@ -408,7 +444,8 @@ def test_every_pair_meters_what_it_relays(
     whole = upstream_cut is None and client_cut is None
     if whole and status == 200:
         assert got == tokens, data[-500:]
-    env.sent.append(Sent(request_id, got, tokens if whole else None))
+    case = f"{dialect} {model} stream={stream} {framing} tokens={tokens} cut={upstream_cut} left={client_cut}"
+    env.sent.append(Sent(request_id, got, tokens if whole else None, case))
 
 
 JSON_LEAF = st.one_of(

@@ -115,6 +115,26 @@ def test_the_client_address_is_the_one_trusted_proxies_decide(env: tuple[Gateway
     assert post(gw, "local", forwarded_for="10.20.3.4").status_code == 403
 
 
+def test_repeated_forwarded_for_lines_are_one_list(env: tuple[Gateway, int]) -> None:
+    """Issue 29, case 6: the client writes ``X-Forwarded-For: 10.1.2.3``, the balancer adds a second line
+    naming the client's real address (HAProxy's ``option forwardfor`` does): only the first line was read,
+    and the office key was served from outside the office. The lines are one list (RFC 9110)."""
+    gw, _ = env
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    headers = [
+        ("authorization", f"Bearer {KEYS['office']}"),
+        ("x-forwarded-for", "10.1.2.3"),
+        ("x-forwarded-for", "198.51.100.7"),
+    ]
+    resp = httpx.post(gw.url + "/v1/chat/completions", headers=headers, json=body, timeout=10)
+    assert resp.status_code == 403, resp.text
+    assert resp.json()["error"]["message"] == "This API key may not be used from 198.51.100.7"
+    headers[1:] = [("x-forwarded-for", "198.51.100.7"), ("x-forwarded-for", "10.1.2.3")]
+    assert (
+        httpx.post(gw.url + "/v1/chat/completions", headers=headers, json=body, timeout=10).status_code == 200
+    )
+
+
 def test_a_keys_models_narrow_its_principals(env: tuple[Gateway, int]) -> None:
     gw, _ = env
     assert post(gw, "narrow", model="pm-a").status_code == 200

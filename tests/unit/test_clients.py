@@ -45,13 +45,18 @@ TRUSTED = TrustedProxies(["10.0.0.0/8", "::1/128"])
         ("10.1.1.1", "10.3.3.3, 10.2.2.2", "10.3.3.3"),  # all trusted: the farthest known
         ("10.1.1.1", "not-an-address", "10.1.1.1"),  # a garbled header is not believed at all
         ("10.1.1.1", None, "10.1.1.1"),
+        # Repeated lines are one list (RFC 9110): the balancer's own line comes last and names the client.
+        ("10.1.1.1", ["10.1.2.3", "198.51.100.7"], "198.51.100.7"),
+        ("10.1.1.1", ["6.6.6.6, 10.1.2.3", "198.51.100.7, 10.2.2.2"], "198.51.100.7"),
+        ("10.1.1.1", ["", "198.51.100.7"], "198.51.100.7"),
         ("192.0.2.1", "198.51.100.7", "192.0.2.1"),  # an untrusted peer's header is ignored
         ("::1", "[2001:db8::1]", "2001:db8::1"),
     ],
 )
-def test_forwarded_for_only_from_trusted_peers(peer: str, xff: str | None, client: str) -> None:
-    assert TRUSTED.client_of(peer, xff) == client
-    assert TrustedProxies([]).client_of(peer, xff) == peer
+def test_forwarded_for_only_from_trusted_peers(peer: str, xff: str | list[str] | None, client: str) -> None:
+    lines = [] if xff is None else [xff] if isinstance(xff, str) else xff
+    assert TRUSTED.client_of(peer, lines) == client
+    assert TrustedProxies([]).client_of(peer, lines) == peer
 
 
 @pytest.fixture
