@@ -10,8 +10,8 @@ A record must fit one ring slot (``gateway.shm.regions.RING_SLOT_BYTES`` less th
 ``fit_record`` first leaves out the middle attempts of a long trace (the first and the last stay, and the
 count of those left out), then cuts the tag; a record is never refused for its trace or its tag.
 
-The route trace (version 6) is a list of attempts, each ``[backend, provider_model, outcome, ttfb_ms,
-duration_ms]``: ``outcome`` is the HTTP status the backend answered, or why there was no answer
+The route trace (version 6) is a list of attempts (``RouteStep``), each ``[backend, provider_model,
+outcome, ttfb_ms, duration_ms]``, ``backend`` naming a pool's credential as ``BACKEND/CREDENTIAL``: ``outcome`` is the HTTP status the backend answered, or why there was no answer
 (``ATTEMPT_OUTCOMES``), null when the client went away first; an attempt's outcome is why the next one
 was tried. A sampled request's attempts add ``span_id, start_ms`` (OpenTelemetry). An entry that is a
 plain integer stands for that many attempts left out to fit. ``rule`` names the routing rule that decided
@@ -35,6 +35,7 @@ import orjson
 __all__ = [
     "ATTEMPT_OUTCOMES",
     "VERSION",
+    "RouteStep",
     "UsageRecord",
     "access_line",
     "decode_record",
@@ -55,6 +56,55 @@ VERSION = 7
 # otherwise, the target's protocol cannot carry the request (not sent), its flow-control gate was full
 # (passed over); "cut": the backend failed after the answer had started.
 ATTEMPT_OUTCOMES = ("connect", "timeout", "error", "unsupported", "full", "cut")
+
+
+class RouteStep(list[Any]):
+    """One attempt of a route trace: a list, so that it is stored, sent and read back as the trace's
+    version 6 entries always were, with its places named for the code that fills it in as the attempt
+    goes. ``backend`` is ``BACKEND/CREDENTIAL`` when a credential pool's key was used (by name, never
+    its secret), as the record's own ``backend`` is."""
+
+    __slots__ = ()
+
+    @classmethod
+    def start(cls, backend: str, provider_model: str, outcome: int | str | None = None) -> RouteStep:
+        return cls((backend, provider_model, outcome, None, None))
+
+    @property
+    def backend(self) -> str:
+        return str(self[0])
+
+    @property
+    def outcome(self) -> int | str | None:
+        """The HTTP status answered, or why there was none (``ATTEMPT_OUTCOMES``); None while waiting."""
+        outcome: int | str | None = self[2]
+        return outcome
+
+    @outcome.setter
+    def outcome(self, value: int | str | None) -> None:
+        self[2] = value
+
+    @property
+    def ttfb_ms(self) -> float | None:
+        ttfb: float | None = self[3]
+        return ttfb
+
+    @ttfb_ms.setter
+    def ttfb_ms(self, value: float) -> None:
+        self[3] = value
+
+    @property
+    def duration_ms(self) -> float | None:
+        duration: float | None = self[4]
+        return duration
+
+    @duration_ms.setter
+    def duration_ms(self, value: float) -> None:
+        self[4] = value
+
+    def sampled(self, span_id: str, start_ms: float) -> None:
+        """A sampled request's attempt: its OpenTelemetry span id and start, after the five places."""
+        self += (span_id, start_ms)
 
 
 class UsageRecord(NamedTuple):

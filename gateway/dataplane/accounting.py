@@ -52,7 +52,7 @@ from gateway.protocol.openai_request import inject_stream_usage
 from gateway.protocol.paths import anthropic_envelope
 from gateway.routing.rules import Rule
 from gateway.snapshot import KeyEntry, Route
-from gateway.usage_record import UsageRecord, encode_record, fit_record
+from gateway.usage_record import RouteStep, UsageRecord, encode_record, fit_record
 
 __all__ = ["CLIENT_GONE", "UNMETERED", "Accounting", "Exchange", "Settled", "Unmetered"]
 
@@ -97,7 +97,7 @@ class Exchange:
     client_request_id: str | None = None
     tag: str | None = None  # the routing rule's usage tag (``open``)
     rule: str | None = None  # the routing rule that decided, by name (``#N`` when it has none)
-    trace: list[Any] | None = None  # the forwarder's attempts (``gateway.usage_record``); None: not traced
+    trace: list[RouteStep] | None = None  # the forwarder's attempts; None: not traced
     span: list[Any] | None = None  # OpenTelemetry ids when sampled, as the record carries them
     request_span: RequestSpan | None = None  # the same span, for the forwarder's attempts
     settled: Settled | None = None  # set by ``settle``
@@ -186,7 +186,7 @@ class Unmetered:
 
     __slots__ = ()
 
-    trace: list[Any] | None = None
+    trace: list[RouteStep] | None = None
     request_span: RequestSpan | None = None
 
     def open(
@@ -348,9 +348,9 @@ class Accounting:
                     "key_id": ex.key.id,
                     "model": ex.model,
                     "started_at": wall - (now - ex.started),
-                    "backend": last[0] if isinstance(last, list) else None,
+                    "backend": last.backend if last is not None else None,
                     "tries": len(trace) if trace else 0,
-                    "answering": ex.settled is not None or (isinstance(last, list) and type(last[2]) is int),
+                    "answering": ex.settled is not None or (last is not None and type(last.outcome) is int),
                 }
             )
         return out

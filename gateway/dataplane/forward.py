@@ -42,13 +42,14 @@ from gateway.dataplane.http_client import (
 from gateway.dataplane.http_client import UpstreamTimeout as ClientTimeout
 from gateway.dataplane.relay import Pace, StreamSink, pour_stream
 from gateway.dataplane.rsgi import HTTPProtocol, Scope, Transport
-from gateway.dataplane.tap import ResponseTap
+from gateway.dataplane.tap import AnswerMeter, answer_meter
 from gateway.dataplane.trace_context import RequestSpan, attempt_header
 from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayTimeout, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
 from gateway.routing.context import says_context_exceeded
 from gateway.snapshot import Credential, Target
+from gateway.usage_record import RouteStep
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted"]
 
@@ -154,7 +155,7 @@ class Forwarder:
         out: Outgoing,
         targets: tuple[Target, ...],
         peer: Scope | None = None,
-        trace: list[Any] | None = None,
+        trace: list[RouteStep] | None = None,
         span: RequestSpan | None = None,
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
@@ -182,7 +183,7 @@ class Forwarder:
             if place is None:
                 full.append(target)
                 if trace is not None:
-                    trace.append([target.backend.name, target.provider_model, "full", None, None])
+                    trace.append(RouteStep.start(target.backend.name, target.provider_model, "full"))
                 continue
             if await attempt.run(target, place):
                 return attempt.result()
@@ -230,12 +231,9 @@ class Forwarder:
         cut in the middle shows the client a short body instead of a cleanly ended one; a chunked one gets
         an error event in its protocol before its end. A translated answer goes through its translation,
         event by event when streamed."""
-        tap = proto if isinstance(proto, ResponseTap) else None
-        if tap is not None:
-            if translation is not None:
-                tap.meter = translation
-            # A whole body's usage is whole or missing; a stream's may have stopped short of its report.
-            tap.unframed = resp.unframed and resp.content_type == "text/event-stream"
+        answer = answer_meter(proto)
+        # A whole body's usage is whole or missing; a stream's may have stopped short of its report.
+        answer.relaying(translation, resp.unframed and resp.content_type == "text/event-stream")
         headers = _response_headers(resp)
         length = resp.content_length
         # How the answer is framed (a length, chunks, or the connection's close) is the HTTP client's
@@ -266,7 +264,7 @@ class Forwarder:
                     headers.append(("content-length", str(length)))
                 transport = proto.response_stream(resp.status, headers)
                 pace = Pace(peer, self.stall_timeout)
-                await _relay_translated(transport, resp, translation, tap, pace, length is None)
+                await _relay_translated(transport, resp, translation, answer, pace, length is None)
                 return
             if length is not None:
                 headers.append(("content-length", str(length)))
@@ -277,13 +275,11 @@ class Forwarder:
             sink = StreamSink(transport, Pace(peer, self.stall_timeout))
             try:
                 await pour_stream(resp, sink)
-                if tap is not None:
-                    tap.end()
+                answer.end()
             except UpstreamError as exc:
                 # The engine's stream broke off: a chunked answer tells the client in OpenAI's terms (a
                 # stream ended by [DONE] already told it everything), a sized one is left short.
-                if tap is not None:
-                    tap.cut = "upstream"
+                answer.cut_short("upstream")
                 if length is None and not sink.piece.rstrip().endswith(b"[DONE]"):
                     await _send_quietly(transport, encode_event(None, _cut_error().openai_body()))
                 # granian ends the client's response only when the transport object is freed, and the
@@ -294,12 +290,10 @@ class Forwarder:
         except ProtocolClosed:
             # The client went away (granian's transport is closed): what was relayed is billed (the tap
             # knows), the engine's connection is dropped below so that it stops generating.
-            if tap is not None:
-                tap.cut = "client"
+            answer.cut_short("client")
             resp.close()
         except ClientStalled as exc:
-            if tap is not None:
-                tap.cut = "client"
+            answer.cut_short("client")
             resp.close()
             exc.__traceback__ = None  # as above: nothing may pin the transport past the return
             raise RelayAborted(f"stream cut: {exc}") from None
@@ -338,7 +332,7 @@ async def _relay_translated(
     transport: Transport,
     resp: UpstreamResponse,
     translation: Translation,
-    tap: ResponseTap | None,
+    answer: AnswerMeter,
     pace: Pace,
     chunked: bool,
 ) -> None:
@@ -355,8 +349,7 @@ async def _relay_translated(
             if resp.ended:  # the engine's last piece: the translation ends with it
                 data += translation.finish()
                 finished = True
-                if tap is not None:
-                    tap.end()
+                answer.end()
             if data:
                 await transport.send_bytes(data)
                 pace.sent += len(data)
@@ -371,13 +364,11 @@ async def _relay_translated(
                     quiet = _Keepalive(transport, ping)
         if not finished:
             tail = translation.finish()
-            if tap is not None:
-                tap.end()
+            answer.end()
             if tail:
                 await transport.send_bytes(tail)
     except UpstreamError as exc:
-        if tap is not None:
-            tap.cut = "upstream"
+        answer.cut_short("upstream")
         tail = translation.cut(chunk) if chunked else b""
         if tail:
             await _send_quietly(transport, tail)
@@ -478,7 +469,7 @@ class _Attempt:
         out: Outgoing,
         count: int,
         peer: Scope | None,
-        trace: list[Any] | None = None,
+        trace: list[RouteStep] | None = None,
         span: RequestSpan | None = None,
     ) -> None:
         self.fwd = fwd
@@ -522,7 +513,7 @@ class _Attempt:
             fwd.load.leave(backend, place)
             self.last -= 1
             if trace is not None:
-                trace.append([backend.name, target.provider_model, "unsupported", None, None])
+                trace.append(RouteStep.start(backend.name, target.provider_model, "unsupported"))
             return False
         self.tries += 1
         self.target = target
@@ -530,10 +521,12 @@ class _Attempt:
         if health is None:
             health = fwd.health[backend.name] = BackendHealth()
         health.in_flight += 1
-        entry: list[Any] | None = None
+        # The answering backend, with a pool's credential by name as the store keeps it (BACKEND/NAME).
+        label = backend.name if cred is None else f"{backend.name}/{cred.name}"
+        entry: RouteStep | None = None
         started = 0.0
         if trace is not None:  # filled in as the attempt goes: a live request shows where it is
-            entry = [backend.name, target.provider_model, None, None, None]
+            entry = RouteStep.start(label, target.provider_model)
             trace.append(entry)
             started = time.perf_counter()
         headers = up.headers
@@ -542,7 +535,7 @@ class _Attempt:
             span_id, traceparent = attempt_header(span)
             headers = [h for h in headers if h[0].lower() != "traceparent"]
             headers.append(("traceparent", traceparent))
-            entry += (span_id, round((started - span.started) * 1000.0, 2))
+            entry.sampled(span_id, round((started - span.started) * 1000.0, 2))
         try:
             try:
                 resp = await fwd.client.request(
@@ -564,12 +557,12 @@ class _Attempt:
                     fwd.cool(backend.name, health)
                 self.error = exc
                 if entry is not None:
-                    entry[2] = _outcome(exc)
+                    entry.outcome = _outcome(exc)
                 return False
             status = self.status = resp.status
             if entry is not None:
-                entry[2] = status
-                entry[3] = round((time.perf_counter() - started) * 1000.0, 2)
+                entry.outcome = status
+                entry.ttfb_ms = round((time.perf_counter() - started) * 1000.0, 2)
             if cred is not None and status in _CREDENTIAL_REFUSALS:
                 # The key's fault, not the backend's: its health is untouched, the next key is tried.
                 fwd.credentials.refused(backend, cred, status, _response_headers(resp))
@@ -605,20 +598,19 @@ class _Attempt:
                 if cred is not None:
                     fwd.credentials.answered(cred)
             proto = self.proto
-            if isinstance(proto, ResponseTap):  # the record names the backend even if the client leaves
-                # A pool's credential by name, as the store keeps it (BACKEND/NAME): never its secret.
-                proto.backend = backend.name if cred is None else f"{backend.name}/{cred.name}"
-                proto.attempts = self.tries
+            # The record names the backend even if the client leaves; a pool's credential by name, as the
+            # store keeps it (BACKEND/NAME), never its secret.
+            answer_meter(proto).answered_by(label, self.tries)
             try:
                 await fwd._relay(proto, resp, up.translation, self.peer)
             except RelayAborted:
                 if entry is not None:
-                    entry[2] = "cut"
+                    entry.outcome = "cut"
                 raise
             return True
         finally:
             if entry is not None:
-                entry[4] = round((time.perf_counter() - started) * 1000.0, 2)
+                entry.duration_ms = round((time.perf_counter() - started) * 1000.0, 2)
             health.in_flight -= 1
             fwd.load.leave(backend, place)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Literal, Protocol
 
 from gateway.dataplane.relay import send_now
 from gateway.dataplane.rsgi import HTTPProtocol, Transport
@@ -27,11 +27,62 @@ from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import Usage, parse_usage
 from gateway.protocol.relayed import estimate_relayed_tokens
 
-__all__ = ["ResponseTap", "TapTransport"]
+__all__ = ["UNTAPPED", "AnswerMeter", "Cut", "Metered", "ResponseTap", "TapTransport", "answer_meter"]
 
 TAIL_BYTES = 4096
 # What the last events of a complete stream contain, in each protocol a client speaks.
 _ENDS = (b"[DONE]", b"message_stop", b"response.completed", b"response.incomplete", b"response.failed")
+
+
+Cut = Literal["client", "upstream"]  # who ended a started answer short
+
+
+class Metered(Protocol):
+    """What reads an answer's usage as it passes, instead of the tail: a translation, an Anthropic meter.
+    One whose ``unbilled`` attribute is true bills nothing, not even what was relayed of it."""
+
+    def usage(self) -> Usage | None: ...
+
+
+class AnswerMeter(Protocol):
+    """The forwarder's whole interface to the metering of the answer it relays, in every protocol pair:
+    which backend answered after how many tries, what reads its usage and whether its framing can show a
+    cut, who cut it short, and when it ended (``end``: settle now, before the client sees the end).
+    ``ResponseTap`` is the one; ``UNTAPPED`` stands in for a request nothing is accounted for."""
+
+    def answered_by(self, backend: str, attempts: int) -> None: ...
+
+    def relaying(self, meter: Metered | None, unframed: bool) -> None: ...
+
+    def cut_short(self, by: Cut) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class _Untapped:
+    """The answer meter of a request nothing is accounted for: it hears everything and keeps nothing."""
+
+    __slots__ = ()
+
+    def answered_by(self, backend: str, attempts: int) -> None:
+        pass
+
+    def relaying(self, meter: Metered | None, unframed: bool) -> None:
+        pass
+
+    def cut_short(self, by: Cut) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+UNTAPPED = _Untapped()
+
+
+def answer_meter(proto: HTTPProtocol) -> AnswerMeter:
+    """The meter of the answer going out through ``proto``: the tap itself, or ``UNTAPPED``."""
+    return proto if isinstance(proto, ResponseTap) else UNTAPPED
 
 
 class ResponseTap:
@@ -71,14 +122,14 @@ class ResponseTap:
         self.whole: bytes | None = None
         self.tail: StreamTail | None = None
         # A translated or Anthropic answer: the forwarder's translation reads usage instead of the tail.
-        self.meter: Any = None
+        self.meter: Metered | None = None
         # The gateway asked for this stream's usage, the client did not: what the engine added for it is
         # taken out of what the client gets (``usage_withhold``), after the tail has seen it.
         self.withhold_usage = False
         self.backend: str | None = None  # the backend whose answer this is (set by the forwarder)
         self.attempts = 0
         self.relayed = 0  # bytes of a streamed answer handed to the client
-        self.cut: str | None = None  # "client" | "upstream" when a started answer ended short
+        self.cut: Cut | None = None  # when a started answer ended short
         # Delimited by the connection's close: its end may have been a cut nobody could see, so what was
         # relayed is weighed against what the engine reported, as for a cut one.
         self.unframed = False
@@ -98,6 +149,19 @@ class ResponseTap:
         self.whole = body
         self.end()
         self._proto.response_bytes(status, headers + self.extra_headers, body)
+
+    # -- the forwarder's interface (``AnswerMeter``) ------------------------------------------------------
+    def answered_by(self, backend: str, attempts: int) -> None:
+        self.backend = backend
+        self.attempts = attempts
+
+    def relaying(self, meter: Metered | None, unframed: bool) -> None:
+        if meter is not None:
+            self.meter = meter
+        self.unframed = unframed
+
+    def cut_short(self, by: Cut) -> None:
+        self.cut = by
 
     def end(self) -> None:
         on_end = self.on_end

@@ -190,4 +190,10 @@ def test_the_attempt_budget_covers_keys_and_targets_and_records_name_the_key(env
     by_status = {r.status: r for r in records()}
     assert by_status[429].backend is not None and by_status[429].backend.startswith("provider/key-")
     assert by_status[429].attempts == 3
+    # Each route trace entry names the credential it was tried with (by name, never the secret).
+    tried = by_status[429].trace
+    assert tried is not None
+    assert sorted(step[0] for step in tried) == ["provider/key-a", "provider/key-b", "provider/key-c"]
+    assert all(step[2] == 429 for step in tried)
+    assert all(s not in str(tried) for s in SECRETS.values())
     assert by_status[200].backend == "spare"
