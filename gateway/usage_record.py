@@ -11,11 +11,12 @@ A record must fit one ring slot (``gateway.shm.regions.RING_SLOT_BYTES`` less th
 count of those left out), then cuts the tag; a record is never refused for its trace or its tag.
 
 The route trace (version 6) is a list of attempts (``RouteStep``), each ``[backend, provider_model,
-outcome, ttfb_ms, duration_ms]``, ``backend`` naming a pool's credential as ``BACKEND/CREDENTIAL``: ``outcome`` is the HTTP status the backend answered, or why there was no answer
-(``ATTEMPT_OUTCOMES``), null when the client went away first; an attempt's outcome is why the next one
-was tried. A sampled request's attempts add ``span_id, start_ms`` (OpenTelemetry). An entry that is a
-plain integer stands for that many attempts left out to fit. ``rule`` names the routing rule that decided
-(``"#N"`` by position when unnamed); ``span`` is the request's OpenTelemetry identity when it was sampled:
+outcome, ttfb_ms, duration_ms]``, ``backend`` naming a pool's credential as ``BACKEND/CREDENTIAL``:
+``outcome`` is the HTTP status the backend answered, or why there was no answer (``ATTEMPT_OUTCOMES``),
+null when the client went away first; an attempt's outcome is why the next one was tried. A sampled
+request's attempts add ``span_id, start_ms`` (OpenTelemetry). An entry that is a plain integer stands for
+that many attempts left out to fit. ``rule`` names the routing rule that decided (``"#N"`` by position
+when unnamed); ``span`` is the request's OpenTelemetry identity when it was sampled:
 ``[trace_id, parent_span_id | None, span_id, operation, dialect]``.
 
 Budgets (version 7): ``budget_keys`` lists the live spend counters of the principal's budgets the request
