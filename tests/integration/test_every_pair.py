@@ -297,35 +297,31 @@ def test_nesting_past_the_one_limit_is_refused_on_every_path(
         assert "deeper than 128" in orjson.loads(data)["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("cut", "script", "client_cut", "at_least"),
+    [
+        # The client leaves after about 40 deltas of a paced 400-token stream.
+        ("client", {"framing": "chunked", "tokens": 400, "pace": 0.01}, 120, 20),
+        # The upstream drops the connection after 12 events of a 40-token stream.
+        ("upstream", {"framing": "chunked", "tokens": 40, "cut_after": 12}, None, 3),
+    ],
+)
 @pytest.mark.parametrize("model", MODELS)
-def test_a_responses_stream_the_client_leaves_is_billed_for_what_it_got(env: Env, model: str) -> None:
+def test_a_cut_responses_stream_is_billed_for_what_was_relayed(
+    env: Env, model: str, cut: str, script: dict[str, Any], client_cut: int | None, at_least: int
+) -> None:
     """Case 3: a client leaving a ``/v1/responses`` stream after ~97 tokens left a record of 0 or 1
-    completion tokens on every route; the chat path billed 98."""
-    env.up.script("chunked", 400, pace=0.01)
+    completion tokens on every route (the chat path billed 98); an upstream that cut one after 3 deltas
+    left 0 (chat: 4)."""
+    env.up.script(**script)
     try:
-        status, data, request_id = call(env, "responses", model, True, client_cut=120)
+        status, data, request_id = call(env, "responses", model, True, client_cut=client_cut)
     finally:
         env.up.script("length", 8)
     got = relayed_tokens("responses", True, data)
-    assert status == 200 and got >= 20, data[-300:]
+    assert status == 200 and got >= at_least, data[-300:]
     row = record_of(env, request_id)
-    assert row["cut"] == "client"
-    assert row["completion_tokens"] >= got
-
-
-@pytest.mark.parametrize("model", MODELS)
-def test_a_responses_stream_the_upstream_cuts_is_billed_for_what_was_relayed(env: Env, model: str) -> None:
-    """Case 3: an upstream that cut a ``/v1/responses`` stream after 3 deltas left a record of 0 tokens
-    (``cut=upstream``); chat billed 4."""
-    env.up.script("chunked", 40, cut_after=12)
-    try:
-        status, data, request_id = call(env, "responses", model, True)
-    finally:
-        env.up.script("length", 8)
-    got = relayed_tokens("responses", True, data)
-    assert status == 200 and got >= 3, data[-300:]
-    row = record_of(env, request_id)
-    assert row["cut"] == "upstream"
+    assert row["cut"] == cut
     assert row["completion_tokens"] >= got
 
 
