@@ -290,7 +290,7 @@ class Accounting:
             return
         usage = tap.usage()
         used: int | None  # what the token reservation settles to; None keeps the reservation
-        if tap.cut is None and tap.ended_short():
+        if tap.unframed and tap.cut is None and tap.ended_short():  # only close-delimited streams look
             tap.cut = "upstream"
         relayed = tap.relayed_usage(ex.prompt_estimate) if tap.cut is not None else None
         if usage is not None and (relayed is None or usage.completion_tokens >= relayed[1]):

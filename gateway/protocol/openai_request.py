@@ -19,7 +19,7 @@ from typing import NamedTuple
 import orjson
 
 from gateway.errors import BadRequest
-from gateway.protocol.bounds import boolean, choices, token_allowance
+from gateway.protocol.bounds import MAX_TOKENS, boolean, choices, token_allowance
 from gateway.protocol.json_members import MemberCounter, count_top_members, decode_object
 
 __all__ = [
@@ -66,15 +66,23 @@ def inspect_json(body: bytes, members: MemberCounter = count_top_members) -> Req
         raise BadRequest("you must provide a model parameter", param="model")
     if not isinstance(model, str) or not model:
         raise BadRequest("model must be a non-empty string", param="model")
-    stream = boolean(doc, "stream")
+    stream = doc.get("stream")
+    if stream is not True and stream is not False:  # the usual values cost two identity tests
+        stream = boolean(doc, "stream")
     opts = doc.get("stream_options")
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
-    # Both are read and bounded; the newer name wins when a client sends both, as OpenAI's does.
-    legacy = token_allowance(doc, "max_tokens")
-    max_tokens = token_allowance(doc, "max_completion_tokens")
+    # Both are read and bounded; the newer name wins when a client sends both, as OpenAI's does. A plain
+    # integer in range passes with one type test and one comparison; anything else is judged (and
+    # refused, naming the field) by ``token_allowance``.
+    legacy = doc.get("max_tokens")
+    if legacy is not None and not (type(legacy) is int and 0 <= legacy <= MAX_TOKENS):
+        legacy = token_allowance(doc, "max_tokens")
+    max_tokens = doc.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = legacy
-    n = choices(doc)
+    elif not (type(max_tokens) is int and 0 <= max_tokens <= MAX_TOKENS):
+        max_tokens = token_allowance(doc, "max_completion_tokens")
+    n = choices(doc) if "n" in doc else 1
     user = doc.get("user")
     return RequestInfo(
         model,
