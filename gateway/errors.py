@@ -28,6 +28,7 @@ __all__ = [
     "RoutingRefused",
     "ServiceUnavailable",
     "StoreConflict",
+    "StoreDataError",
     "StoreError",
     "StreamCut",
     "Unauthorized",
@@ -248,6 +249,11 @@ class StoreError(GatewayError):
 
     status = 500
     code = "store_error"
+
+
+class StoreDataError(StoreError):
+    """The database refused a value it was given (out of its column's range, a character its text type
+    cannot hold, the wrong type): the data's fault, not the database's, so trying again cannot help."""
 
 
 class StoreConflict(ConfigError, StoreError):

@@ -23,11 +23,18 @@ Budgets (version 7): ``budget_keys`` lists the live spend counters of the princi
 was added to (one per period), ``key_budget_keys`` those of the key's own budgets; older versions named at
 most one counter, the principal's (``budget_key``), which decodes as a list of one. A record's budget keys
 are never left out to fit: there are at most ``gateway.budget.MAX_BUDGETS`` of each.
+
+Bounds (``bound_record``): what the control worker stores is checked first, since a record may carry any
+figure a proxy worker computed or a proxy host sent. Token counts and the cost are clamped into
+``[0, MAX_FIGURE]``, the status and the attempts into ``[0, 2**31 - 1]`` (an SQL INTEGER), the latencies
+into ``[0, MAX_FIGURE]`` ms (NaN to 0); a record whose end time is not a finite number cannot be placed in
+any window and is refused (ValueError), for the caller to set aside.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -35,10 +42,12 @@ import orjson
 
 __all__ = [
     "ATTEMPT_OUTCOMES",
+    "MAX_FIGURE",
     "VERSION",
     "RouteStep",
     "UsageRecord",
     "access_line",
+    "bound_record",
     "decode_record",
     "encode_record",
     "fit_record",
@@ -303,6 +312,56 @@ def fit_tag(data: bytes, limit: int) -> bytes:
         excess -= len(orjson.dumps(tag[cut])) - 2
     values[_TAG] = tag[:cut] or None
     return orjson.dumps(values)
+
+
+# The largest token count or cost (nano-units) a record is stored with: the usage parser's own bound on
+# a figure an upstream reports (``gateway.protocol.usage.TOKEN_LIMIT``), so nothing real is clamped, and
+# far enough below 2**63 that a sum over a window (a budget's spend, a summary) of up to 1024 records
+# clamped to it still fits the 64-bit integers SQLite sums in (an overflow there fails the whole query).
+MAX_FIGURE = 2**53
+_SQL_INT = 2**31 - 1  # an SQL INTEGER: 32 bits on PostgreSQL
+_MS = float(MAX_FIGURE)
+_FIGURES = tuple(
+    UsageRecord._fields.index(f) for f in ("prompt_tokens", "completion_tokens", "cached_tokens")
+)
+_FIGURES += (UsageRecord._fields.index("total_tokens"), UsageRecord._fields.index("cost_nanos"))
+_SMALL = (UsageRecord._fields.index("status"), UsageRecord._fields.index("attempts"))
+_TIMES = (UsageRecord._fields.index("latency_ms"), UsageRecord._fields.index("ttfb_ms"))
+
+
+def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
+    """``record`` with its figures clamped into their columns' bounds (see the module's docstring), and the
+    names of the fields that were; ``record`` itself and ``()`` when all were in bounds (most records: one
+    quick check). ValueError when its end time is not a finite number."""
+    r = record
+    if (
+        0 <= r.prompt_tokens <= MAX_FIGURE
+        and 0 <= r.completion_tokens <= MAX_FIGURE
+        and 0 <= r.cached_tokens <= MAX_FIGURE
+        and 0 <= r.total_tokens <= MAX_FIGURE
+        and 0 <= r.cost_nanos <= MAX_FIGURE
+        and 0 <= r.status <= _SQL_INT
+        and 0 <= r.attempts <= _SQL_INT
+        and 0.0 <= r.latency_ms <= _MS  # False for NaN
+        and (r.ttfb_ms is None or 0.0 <= r.ttfb_ms <= _MS)
+        and math.isfinite(r.ts)
+    ):
+        return record, ()
+    if not math.isfinite(r.ts):
+        raise ValueError("usage record field ts is not a finite number")
+    values: list[Any] = list(record)
+    clamped: list[str] = []
+    for at, top in [*((i, MAX_FIGURE) for i in _FIGURES), *((i, _SQL_INT) for i in _SMALL)]:
+        value = values[at]
+        if not 0 <= value <= top:
+            values[at] = 0 if value < 0 else top
+            clamped.append(UsageRecord._fields[at])
+    for at in _TIMES:
+        value = values[at]
+        if value is not None and not 0.0 <= value <= _MS:
+            values[at] = _MS if value > _MS else 0.0  # NaN and negative ones to 0
+            clamped.append(UsageRecord._fields[at])
+    return _new(UsageRecord, values), tuple(clamped)
 
 
 _TAG = 1 + UsageRecord._fields.index("tag")  # where the tag is in an encoded record (after the version)

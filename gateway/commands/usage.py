@@ -1,4 +1,5 @@
-"""``gateway usage`` (and ``gateway usage prune``) and ``gateway budgets``: usage and spend.
+"""``gateway usage`` (and ``gateway usage prune``, ``gateway usage rejected``) and ``gateway budgets``: usage
+and spend, and the usage records the control worker set aside or clamped.
 
 Both read the store, where the control worker writes usage records within a fraction of a second of a
 request ending (``usage_drain_interval``). ``--json`` prints one JSON document for scripts.
@@ -19,6 +20,7 @@ from gateway.budget import NANOS, format_money
 from gateway.commands.options import finish_command, settings_from_args
 from gateway.commands.output import cli_actor, print_table, utc_time
 from gateway.controlplane.store import open_store
+from gateway.controlplane.usage.rejected import rejected_report
 from gateway.controlplane.usage.retention import purge
 from gateway.controlplane.usage.spend import budget_report, usage_groups
 from gateway.controlplane.usage.time_range import since_arg
@@ -48,6 +50,14 @@ def register(sub: Any) -> None:
         help="age in days (default: GATEWAY_USAGE_RETENTION_DAYS)",
     )
     finish_command(prune, _cmd_usage_prune)
+    rejected = usage_sub.add_parser(
+        "rejected",
+        help="usage records the control worker could not store as they came: set aside, or stored with "
+        "figures clamped",
+    )
+    rejected.add_argument("--limit", type=int, default=100, help="at most this many of each (100)")
+    rejected.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    finish_command(rejected, _cmd_usage_rejected)
 
     p = sub.add_parser(
         "budgets", help="show every budget of every principal and key: its spend in its current period"
@@ -105,6 +115,24 @@ def _cmd_usage_prune(args: argparse.Namespace) -> int:
             f"note: records since {utc_time(held)} are kept: a budget's current window still counts them",
             file=sys.stderr,
         )
+    return 0
+
+
+def _cmd_usage_rejected(args: argparse.Namespace) -> int:
+    with open_store(settings_from_args(args)) as store:
+        doc = rejected_report(store, max(1, args.limit))
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    print_table(
+        ("SET ASIDE", "SOURCE", "REASON", "RECORD"),
+        [(utc_time(r["ts"]), r["source"], r["reason"], r["record"][:200]) for r in doc["rejected"]],
+    )
+    print()
+    print_table(
+        ("ENDED", "REQUEST", "CLAMPED"),
+        [(utc_time(c["ts"]), c["request_id"], ",".join(c["fields"])) for c in doc["clamped"]],
+    )
     return 0
 
 

@@ -56,6 +56,7 @@ from gateway.controlplane.fleet.engines import EngineScraper, host_load
 from gateway.controlplane.fleet.reports import Fleet, host_report
 from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, StoreError, open_store, store_vault, unavailable_store
+from gateway.controlplane.store._usage import RejectedRecord
 from gateway.controlplane.usage import budget_alerts
 from gateway.controlplane.usage.otel import OtelExporter
 from gateway.controlplane.usage.requests_view import FlightRecorder, live_requests
@@ -395,9 +396,11 @@ class ControlWorker:
         assert self.sink is not None
         return self.sink.table.spend(budget.key_at(self.sink.epoch, now))
 
-    def store_usage(self, records: list[UsageRecord]) -> None:
+    def store_usage(self, records: list[UsageRecord], rejected: list[RejectedRecord]) -> None:
+        """A proxy-role host's batch (``POST /cluster/usage``): its records, and those that did not decode
+        (set aside). Runs on the store thread."""
         assert self.sink is not None
-        self.sink.write(records)
+        self.sink.write(records, rejected, "cluster")
 
     def store_bodies_rows(self, rows: list[StoredBodies]) -> None:
         """Redacted bodies a proxy-role host sent (``POST /cluster/bodies``). Runs on the store thread."""

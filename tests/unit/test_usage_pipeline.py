@@ -19,6 +19,7 @@ from gateway import native
 from gateway.budget import Budget, BudgetSet, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.store import Store, StoreError, open_store
+from gateway.controlplane.store._usage import SpendRow
 from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
@@ -31,8 +32,10 @@ from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.snapshot import KeyEntry, Principal, Route, Snapshot
 from gateway.usage_record import (
+    MAX_FIGURE,
     UsageRecord,
     access_line,
+    bound_record,
     decode_record,
     encode_record,
     fit_record,
@@ -776,23 +779,115 @@ def test_a_window_the_table_cannot_hold_is_left_out_of_the_record() -> None:
     assert table.spend(day.key_at("e", NOW)) == (7, 0)
 
 
-def test_an_unreadable_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
+def test_an_unreadable_record_is_set_aside_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
     sink = UsageSink(store, ring, table, EPOCH)
     push(ring, 0, rec(1))
     assert ring.push(0, b'[1, "torn"')
     push(ring, 0, rec(2))
     assert sink.drain() == 3
-    assert (store.usage.count(), sink.malformed, ring.pending(0)) == (2, 1, 0)
+    assert (store.usage.count(), ring.pending(0)) == (2, 0)
+    [aside] = store.usage.rejected()
+    assert (aside.record, aside.source, aside.reason) == (
+        '[1, "torn"',
+        "ring",
+        "undecodable: not a usage record",
+    )
+    assert sink.metrics.rejected == {"undecodable": 1}
 
 
-def test_a_wrongly_typed_record_is_dropped_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
+def test_a_wrongly_typed_record_is_set_aside_alone(store: Store, ring: UsageRing, table: BucketTable) -> None:
     sink = UsageSink(store, ring, table, EPOCH)
     push(ring, 0, rec(1))
     assert ring.push(0, encode_record(rec(2)._replace(status=True)))  # JSON, but not a record
     assert ring.push(0, orjson.dumps([1, *rec(3)[:16]]))  # an older version, from a spool
     push(ring, 0, rec(4))
     assert sink.drain() == 4
-    assert (store.usage.count(), sink.malformed, ring.pending(0)) == (3, 1, 0)
+    assert (store.usage.count(), ring.pending(0)) == (3, 0)
+    [aside] = store.usage.rejected()
+    assert aside.reason == "invalid: usage record field status has the wrong type"
+    assert orjson.loads(aside.record) == orjson.loads(encode_record(rec(2)._replace(status=True)))
+
+
+def test_figures_no_column_holds_are_clamped_and_flagged(
+    store: Store, ring: UsageRing, table: BucketTable, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(budget_doc(tokens=10**18), now=NOW)  # a base to fold into: the watched insert path
+    huge = rec(1, prompt_tokens=2**63 + 5, total_tokens=2**64 - 1, cost_nanos=-3, status=2**40)
+    for i in range(3):  # a flood of them, logged once per field
+        push(ring, 0, huge._replace(request_id=f"req-huge-{i}"))
+    push(ring, 0, rec(2))
+    with caplog.at_level(logging.ERROR, logger="gateway.controlplane"):
+        assert sink.drain() == 4
+    assert ring.pending(0) == 0
+    stored = {r.request_id: r for r in store.usage.records()}
+    assert stored["req-000002"] == rec(2)
+    got = stored["req-huge-0"]
+    assert (got.prompt_tokens, got.total_tokens, got.cost_nanos, got.status) == (
+        MAX_FIGURE,
+        MAX_FIGURE,
+        0,
+        2**31 - 1,
+    )
+    fields = ("prompt_tokens", "total_tokens", "cost_nanos", "status")
+    assert sorted(store.usage.clamped()) == [(f"req-huge-{i}", NOW, fields) for i in range(3)]
+    assert sink.metrics.clamped == dict.fromkeys(fields, 3)
+    assert len([m for m in caplog.messages if "clamped" in m]) == len(fields)
+    assert 'gateway_usage_records_clamped_total{field="cost_nanos"} 3' in sink.metrics.render({})
+    assert sink.bases[0].tokens == 3 * MAX_FIGURE + 10  # folded as stored: the sums stay in 64 bits
+    assert store.usage.spend(DAY[0], DAY[1]) == [SpendRow("p1", frozenset(), 3 * MAX_FIGURE + 10, 1000)]
+
+
+def test_a_record_the_store_refuses_is_set_aside_and_the_batch_goes_on(
+    store: Store, ring: UsageRing, table: BucketTable
+) -> None:
+    sink = UsageSink(store, ring, table, EPOCH)
+    # A string no database encodes (a lone surrogate), and an end time in no window: neither comes out of
+    # JSON, but a record made in Python may carry them.
+    sink.write([rec(1), rec(2, model="bad\udc80"), rec(3, ts=float("inf")), rec(4)])
+    assert sorted(r.request_id for r in store.usage.records()) == ["req-000001", "req-000004"]
+    reasons = sorted(r.reason.split(":", 1)[0] for r in store.usage.rejected())
+    assert reasons == ["invalid", "refused"]
+    assert sink.metrics.rejected == {"invalid": 1, "refused": 1}
+    # The same again (a batch replayed after a crash): stored once, set aside once.
+    sink.write([rec(1), rec(2, model="bad\udc80"), rec(3, ts=float("inf")), rec(4)])
+    assert (store.usage.count(), len(store.usage.rejected())) == (2, 2)
+    assert 'gateway_usage_records_rejected_total{reason="refused"} 2' in sink.metrics.render({})
+
+
+def test_a_nul_in_a_record_s_text_is_stored_or_set_aside_never_retried(
+    request: pytest.FixtureRequest, store: Store, ring: UsageRing, table: BucketTable
+) -> None:
+    """PostgreSQL's text holds no NUL (SQLite's does): the batch is refused as a whole, then written record by
+    record, and only the one with the NUL is set aside; the ring is consumed either way."""
+    sink = UsageSink(store, ring, table, EPOCH)
+    push(ring, 0, rec(1))
+    push(ring, 0, rec(2, model="chat\x00"))
+    push(ring, 0, rec(3))
+    assert sink.drain() == 3 and ring.pending(0) == 0
+    stored = sorted(r.request_id for r in store.usage.records())
+    if request.node.callspec.params["store"] == "postgres":
+        assert stored == ["req-000001", "req-000003"]
+        [aside] = store.usage.rejected()
+        assert aside.reason.startswith("refused: store refused a value")
+        assert orjson.loads(aside.record.replace("\\u0000", "")) == orjson.loads(
+            encode_record(rec(2, model="chat"))
+        )
+    else:
+        assert stored == ["req-000001", "req-000002", "req-000003"] and not store.usage.rejected()
+    assert sink.drain() == 0
+
+
+def test_bound_record_leaves_a_record_in_bounds_as_it_is() -> None:
+    r = rec(1)
+    assert bound_record(r) == (r, ()) and bound_record(r)[0] is r
+    nan = float("nan")
+    got, fields = bound_record(rec(1, latency_ms=nan, ttfb_ms=-1.0, attempts=-2, cached_tokens=2**70))
+    assert (got.latency_ms, got.ttfb_ms, got.attempts, got.cached_tokens) == (0.0, 0.0, 0, MAX_FIGURE)
+    assert fields == ("cached_tokens", "attempts", "latency_ms", "ttfb_ms")
+    assert bound_record(rec(1, latency_ms=float("inf")))[0].latency_ms == MAX_FIGURE
+    with pytest.raises(ValueError, match="ts is not a finite number"):
+        bound_record(rec(1, ts=nan))
 
 
 def test_metrics_count_a_batch_as_its_records_one_by_one() -> None:

@@ -27,6 +27,8 @@ PUT /admin/config      apply a TOML configuration              ``config:write``
 GET /admin/usage       usage per principal/model/key/backend,  ``usage:read``
                        and per minute/hour/day (``?bucket=``),
                        as JSON or CSV (``?format=csv``)
+GET /admin/usage/rejected  usage records set aside or stored    ``usage:read``
+                       clamped (``?limit=``)
 GET /admin/budgets     spend in every window of every          ``usage:read``
                        principal's and key's budgets
 GET /admin/requests    in flight per worker, and the last      ``usage:read``
@@ -143,6 +145,13 @@ ROUTES: tuple[AdminRoute, ...] = (
         Access.USAGE_READ,
         reports.usage,
         "Usage totals by principal, model, key, backend or tag",
+    ),
+    AdminRoute(
+        "GET",
+        "/admin/usage/rejected",
+        Access.USAGE_READ,
+        reports.rejected,
+        "Usage records the control worker set aside (could not store) or stored with figures clamped",
     ),
     AdminRoute(
         "GET",

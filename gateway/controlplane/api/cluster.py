@@ -4,8 +4,10 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
 - ``GET /cluster/snapshot``: the current snapshot document, with ``ETag: "<revision>"``; a request whose
   ``If-None-Match`` names the current revision gets ``304`` and no body, so polling costs a header.
 - ``POST /cluster/usage``: a JSON array of usage records (each the array a proxy worker encoded); written
-  idempotently by request id, answered ``{"accepted": n}``. A record that does not decode fails
-  the whole batch with 400, so the sender keeps it rather than losing it quietly.
+  idempotently by request id, answered ``{"accepted": n}`` (n counts the records set aside too). A record
+  that does not decode, or that the store cannot hold, is set aside in the store (``usage_rejected``, see
+  ``usage.sink``) and the rest of the batch stored; a body that is not a JSON array gets 400 (the sender
+  keeps it aside in its spool).
 - ``POST /cluster/bodies``: a JSON array of logged bodies, already redacted by the proxy host that logged
   them (each a ``bodies.stored.StoredBodies`` row); written idempotently by request id, answered
   ``{"accepted": n}``. A row that does not read fails the batch with 400.
@@ -45,6 +47,7 @@ from gateway.controlplane.api.admin import AdminApi
 from gateway.controlplane.api.request_body import read_body
 from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.store import StoreError
+from gateway.controlplane.store._usage import RejectedRecord
 from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
 
@@ -71,7 +74,7 @@ class SnapshotSource(Protocol):
 
     def current_snapshot(self) -> tuple[int, bytes] | None: ...
 
-    def store_usage(self, records: list[UsageRecord]) -> None: ...
+    def store_usage(self, records: list[UsageRecord], rejected: list[RejectedRecord]) -> None: ...
 
     def store_bodies_rows(self, rows: list[StoredBodies]) -> None: ...
 
@@ -91,7 +94,7 @@ class ClusterApp:
         self.admin = admin
         # Batches that arrived while the store thread was writing the previous ones: written together in
         # one transaction, so that 500 hosts each shipping every second do not queue 500 transactions.
-        self._waiting: list[tuple[list[UsageRecord], asyncio.Future[None]]] = []
+        self._waiting: list[tuple[list[UsageRecord], list[RejectedRecord], asyncio.Future[None]]] = []
         self._writing = False
 
     def __rsgi_init__(self, loop: Any) -> None:
@@ -153,24 +156,25 @@ class ClusterApp:
             return 200, _JSON, orjson.dumps(health)
         raise NotFound(f"no route for {method} {path}")
 
-    async def _store(self, records: list[UsageRecord]) -> None:
-        """Have ``records`` written, together with whatever other hosts' batches wait meanwhile. Raises
-        StoreError when their transaction failed."""
+    async def _store(self, records: list[UsageRecord], rejected: list[RejectedRecord]) -> None:
+        """Have ``records`` written and ``rejected`` set aside, together with whatever other hosts' batches
+        wait meanwhile. Raises StoreError when their transaction failed."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((records, done))
+        self._waiting.append((records, rejected, done))
         if not self._writing:
             self._writing = True
             try:
                 while self._waiting:
                     batches, self._waiting = self._waiting, []
-                    joined = [r for recs, _ in batches for r in recs]
+                    joined = [r for recs, _, _ in batches for r in recs]
+                    aside = [r for _, recs, _ in batches for r in recs]
                     try:
-                        await _on(self.source.store_calls, self.source.store_usage, joined)
+                        await _on(self.source.store_calls, self.source.store_usage, joined, aside)
                     except StoreError as exc:
-                        for _, waiting in batches:
+                        for _, _, waiting in batches:
                             waiting.set_exception(exc)
                     else:
-                        for _, waiting in batches:
+                        for _, _, waiting in batches:
                             waiting.set_result(None)
             finally:
                 self._writing = False
@@ -195,13 +199,20 @@ class ClusterApp:
         return 200, [*_JSON, ("etag", etag)], blob
 
     async def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
-        records = _batch(body, "usage", "record", record_from_values)
+        values = _batch(body, "usage", "record", _value)
+        records: list[UsageRecord] = []
+        rejected: list[RejectedRecord] = []
+        for value in values:
+            try:
+                records.append(record_from_values(value))
+            except ValueError as exc:  # set aside by the sink, which counts and logs them
+                rejected.append(RejectedRecord.of(orjson.dumps(value), "cluster", f"invalid: {exc}"))
         try:
-            await self._store(records)
+            await self._store(records, rejected)
         except StoreError as exc:
-            log.error("usage batch of %d records not stored: %s", len(records), exc)
+            log.error("usage batch of %d records not stored: %s", len(values), exc)
             raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
-        return 200, _JSON, orjson.dumps({"accepted": len(records)})
+        return 200, _JSON, orjson.dumps({"accepted": len(values)})
 
     async def bodies(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         rows = _batch(body, "bodies", "row", StoredBodies.from_wire)
@@ -211,6 +222,10 @@ class ClusterApp:
             log.error("bodies batch of %d rows not stored: %s", len(rows), exc)
             raise ServiceUnavailable("the store is unavailable") from None
         return 200, _JSON, orjson.dumps({"accepted": len(rows)})
+
+
+def _value(value: Any) -> Any:
+    return value
 
 
 async def _on(executor: Executor, fn: Callable[..., _T], *args: Any) -> _T:

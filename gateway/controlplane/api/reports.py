@@ -1,7 +1,8 @@
 """The admin API's reports on what the gateway did and is doing: usage (``?by=``, ``?bucket=``, as JSON or
-CSV), spend against budgets, requests in flight and the last finished ones (the flight recorder, then the
-store; a request's logged bodies for a caller holding ``bodies:read``), and the fleet's hosts. I/O: the
-store and the control worker's memory, through the context.
+CSV), the usage records set aside or clamped, spend against budgets, requests in flight and the last
+finished ones (the flight recorder, then the store; a request's logged bodies for a caller holding
+``bodies:read``), and the fleet's hosts. I/O: the store and the control worker's memory, through the
+context.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from typing import Any
 
 from gateway.controlplane.api.calls import Access, Call, Reply, ok, one
 from gateway.controlplane.store import StoreError
+from gateway.controlplane.usage.rejected import rejected_report
 from gateway.controlplane.usage.requests_view import request_doc
 from gateway.controlplane.usage.spend import budget_report, usage_groups
 from gateway.controlplane.usage.time_range import since_arg
 from gateway.errors import BadRequest, ConfigError, NotFound, ServiceUnavailable
 
-__all__ = ["budgets", "fleet", "request_one", "requests", "usage"]
+__all__ = ["budgets", "fleet", "rejected", "request_one", "requests", "usage"]
 
 _BUCKETS = {"minute": 60, "hour": 3600, "day": 86400}
 
@@ -61,6 +63,16 @@ def usage(call: Call) -> Reply:
 def budgets(call: Call) -> Reply:
     try:
         return ok(budget_report(call.ctx.store, time.time()))
+    except StoreError as exc:
+        raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
+
+
+def rejected(call: Call) -> Reply:
+    raw = one(call.query, "limit") or "100"
+    if not raw.isdigit() or not 0 < int(raw) <= 1000:
+        raise BadRequest("limit must be an integer in 1..1000", param="limit")
+    try:
+        return ok(rejected_report(call.ctx.store, int(raw)))
     except StoreError as exc:
         raise ServiceUnavailable(f"the store is unavailable: {exc.message}") from None
 

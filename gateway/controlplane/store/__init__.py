@@ -26,7 +26,7 @@ from gateway.controlplane.store._keys import BudgetInfo, KeyInfo, PrincipalInfo
 from gateway.controlplane.store._migrate import apply_migrations, available_migrations
 from gateway.controlplane.store._ownership import STORE_OWNER, describe_owner
 from gateway.controlplane.store._store import Store
-from gateway.errors import ConfigError, OwnershipConflict, StoreConflict, StoreError
+from gateway.errors import ConfigError, OwnershipConflict, StoreConflict, StoreDataError, StoreError
 
 __all__ = [
     "MANAGED_BY_API",
@@ -43,6 +43,7 @@ __all__ = [
     "SqliteDriver",
     "Store",
     "StoreConflict",
+    "StoreDataError",
     "StoreError",
     "StoreState",
     "Transaction",

@@ -23,7 +23,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.errors import StoreConflict, StoreError
+from gateway.errors import StoreConflict, StoreDataError, StoreError
 
 __all__ = ["Driver", "Param", "SqliteDriver", "Transaction"]
 
@@ -74,7 +74,14 @@ class Driver(Protocol):
 def _map_error(exc: sqlite3.Error) -> StoreError:
     if isinstance(exc, sqlite3.IntegrityError):
         return StoreConflict(f"store constraint violated: {exc}")
+    if isinstance(exc, (sqlite3.DataError, sqlite3.InterfaceError, sqlite3.ProgrammingError)):
+        return StoreDataError(f"store refused a value: {exc}")
     return StoreError(f"store error: {exc}")
+
+
+# What sqlite3 raises, outside its own exception hierarchy, for a value it cannot bind (an int past 64
+# bits: OverflowError; a type it has no adapter for, or a str with a lone surrogate: others).
+_BIND_ERRORS = (OverflowError, TypeError, ValueError, UnicodeEncodeError)
 
 
 # Rows per INSERT in ``insert_new``: one statement of many rows binds and steps once per statement rather
@@ -127,6 +134,8 @@ class _SqliteTransaction:
                 self._conn.execute(sql, values[whole:])
         except sqlite3.Error as exc:
             raise _map_error(exc) from exc
+        except _BIND_ERRORS as exc:
+            raise StoreDataError(f"store refused a value: {type(exc).__name__}: {exc}") from exc
 
     def _statement(self, table: str, columns: Sequence[str], key: str, rows: int) -> str:
         at = (table, tuple(columns), key, rows)

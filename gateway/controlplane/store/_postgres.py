@@ -19,6 +19,7 @@ I/O: the database connections.
 from __future__ import annotations
 
 import re
+import struct
 import threading
 import time
 import weakref
@@ -31,7 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from psycopg_pool.base import AttemptWithBackoff
 
 from gateway.controlplane.store._driver import Param, Transaction
-from gateway.errors import StoreConflict, StoreError
+from gateway.errors import StoreConflict, StoreDataError, StoreError
 
 __all__ = ["PostgresDriver", "redact_url"]
 
@@ -62,6 +63,8 @@ def redact_url(url: str) -> str:
 def _map_error(exc: psycopg.Error) -> StoreError:
     if isinstance(exc, psycopg.errors.IntegrityError):
         return StoreConflict(f"store constraint violated: {exc}")
+    if isinstance(exc, psycopg.DataError):  # out of range, a NUL in text, ...; also psycopg's own dumpers
+        return StoreDataError(f"store refused a value: {exc}".strip())
     return StoreError(f"store error: {exc}".strip())
 
 
@@ -131,6 +134,8 @@ class _PgTransaction:
             )
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
+        except (OverflowError, TypeError, ValueError, struct.error) as exc:  # a value no dumper can write
+            raise StoreDataError(f"store refused a value: {type(exc).__name__}: {exc}") from exc
 
     def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]:
         try:

@@ -1,5 +1,6 @@
 """Usage records in the store: idempotent batch inserts, spend per budget window (of principals and of
-keys), and summaries.
+keys), and summaries; and the records the control worker set aside or clamped (``usage_rejected``, the
+``clamped`` column), for an operator to read.
 
 Records arrive in batches from the control worker, which reads them out of the proxy workers' rings. A
 batch may be replayed after a crash (the ring's tail only moves once the batch is committed), so insert
@@ -9,6 +10,8 @@ themselves go through the driver's ``insert_new`` (many-row INSERTs on SQLite, C
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +21,7 @@ import orjson
 from gateway.controlplane.store._driver import Driver
 from gateway.usage_record import UsageRecord, to_unsigned64
 
-__all__ = ["SpendRow", "UsageStore", "UsageSummaryRow"]
+__all__ = ["RejectedRecord", "SpendRow", "UsageStore", "UsageSummaryRow"]
 
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
@@ -30,6 +33,38 @@ _NAMES = tuple(_COLUMNS.split(", "))  # as many as a record has fields, in its o
 _READ = f"{_COLUMNS}, budget_key"
 _CHUNK = 500  # ids per IN (...) lookup: well under every driver's parameter limit
 _row = UsageRecord.row
+_REJECTED = ("id", "ts", "source", "reason", "record")
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedRecord:
+    """A usage record set aside: what came (as text), where from, why it could not be stored, and when.
+    ``id`` is a hash of what came, so that setting the same record aside again (a replayed batch) adds
+    nothing."""
+
+    id: str
+    ts: float
+    source: str  # "ring" (this host's proxy workers) or "cluster" (a proxy host's batch)
+    reason: str
+    record: str
+
+    @classmethod
+    def of(cls, data: bytes | str, source: str, reason: str, now: float | None = None) -> RejectedRecord:
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+        # Text any database holds: bytes that are not UTF-8 escaped, no NUL (PostgreSQL's text refuses it).
+        text = raw.decode("utf-8", "backslashreplace").replace("\x00", "\\u0000")
+        reason = reason.replace("\x00", "\\u0000")
+        now = time.time() if now is None else now
+        return cls(hashlib.sha256(raw).hexdigest(), now, source, reason, text)
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "ts": self.ts,
+            "source": self.source,
+            "reason": self.reason,
+            "record": self.record,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +96,18 @@ class UsageStore:
         self._driver = driver
 
     def insert(
-        self, records: Sequence[UsageRecord], watch: Callable[[UsageRecord], bool] | None = None
+        self,
+        records: Sequence[UsageRecord],
+        watch: Callable[[UsageRecord], bool] | None = None,
+        clamped: Mapping[str, Sequence[str]] | None = None,
     ) -> list[UsageRecord]:
         """Write the records not stored yet, in one transaction (a stored request id is skipped).
 
         Returns which of the records ``watch`` selects were new. Only those are looked up first: most
-        callers care about a few, and the insert itself ignores the rest of the duplicates."""
+        callers care about a few, and the insert itself ignores the rest of the duplicates. ``clamped``
+        names, by request id, the fields of records whose figures were clamped (``bound_record``); they are
+        stored with those names. Raises StoreDataError (or StoreConflict) when the database refused a value
+        of one of them: then nothing was written."""
         if not records:
             return []
         watched = list(filter(watch, records)) if watch is not None else []
@@ -80,13 +121,49 @@ class UsageStore:
                 seen.update(row[0] for row in found)
             # The rows as exact tuples (sqlite3 binds those fastest), made as the driver reads them: a
             # record's own values with its trace and budget key lists as JSON text (``UsageRecord.row``).
-            tx.insert_new("usage_records", _NAMES, "request_id", map(_row, records))
+            if not clamped:
+                tx.insert_new("usage_records", _NAMES, "request_id", map(_row, records))
+            else:  # rare: the flagged ones apart, so that the others' rows stay as they are made
+                plain = [r for r in records if r.request_id not in clamped]
+                flagged = [
+                    (*_row(r), ",".join(clamped[r.request_id])) for r in records if r.request_id in clamped
+                ]
+                if plain:
+                    tx.insert_new("usage_records", _NAMES, "request_id", map(_row, plain))
+                if flagged:
+                    tx.insert_new("usage_records", (*_NAMES, "clamped"), "request_id", flagged)
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
                 seen.add(record.request_id)
                 new.append(record)
         return new
+
+    def set_aside(self, rejected: Sequence[RejectedRecord]) -> None:
+        """Keep records that could not be stored, once each (by their hash), in one transaction."""
+        if not rejected:
+            return
+        rows = [(r.id, r.ts, r.source, r.reason, r.record) for r in rejected]
+        with self._driver.transaction(write=True) as tx:
+            tx.insert_new("usage_rejected", _REJECTED, "id", rows)
+
+    def rejected(self, *, limit: int = 100) -> list[RejectedRecord]:
+        """The records most recently set aside, newest first."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                f"SELECT {', '.join(_REJECTED)} FROM usage_rejected ORDER BY ts DESC, id LIMIT ?", (limit,)
+            )
+        return [RejectedRecord(str(r[0]), float(r[1]), str(r[2]), str(r[3]), str(r[4])) for r in rows]
+
+    def clamped(self, *, limit: int = 100) -> list[tuple[str, float, tuple[str, ...]]]:
+        """The most recent records stored with figures clamped: ``(request_id, ts, fields)``, newest first."""
+        with self._driver.transaction(write=False) as tx:
+            rows = tx.query(
+                "SELECT request_id, ts, clamped FROM usage_records WHERE clamped IS NOT NULL "
+                "ORDER BY ts DESC, request_id LIMIT ?",
+                (limit,),
+            )
+        return [(str(r[0]), float(r[1]), tuple(str(r[2]).split(","))) for r in rows]
 
     def prune(self, before: float, batch: int) -> int:
         """Delete up to ``batch`` of the oldest records that ended before ``before``, in one short

@@ -92,6 +92,15 @@ class Metrics:
         self.latency: dict[str, _Histogram] = defaultdict(_Histogram)  # model
         self.ttfb: dict[str, _Histogram] = defaultdict(_Histogram)
         self.failovers: dict[str, int] = defaultdict(int)  # model -> targets tried past the first
+        # Usage records the control worker set aside (by the class of reason), and figures it clamped.
+        self.rejected: dict[str, int] = defaultdict(int)
+        self.clamped: dict[str, int] = defaultdict(int)  # by field
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected[reason] += 1
+
+    def count_clamped(self, field: str) -> None:
+        self.clamped[field] += 1
 
     def observe(self, records: Iterable[UsageRecord], principal_names: dict[str, str]) -> None:
         """Count a batch of records: column by column, summing each column over the records that share
@@ -191,6 +200,20 @@ class Metrics:
         family("gateway_failovers_total", "counter", "Targets tried after the first, for forwarded requests.")
         for model, n in sorted(self.failovers.items()):
             out.append(f'gateway_failovers_total{{model="{_escape(model)}"}} {n}')
+        family(
+            "gateway_usage_records_rejected_total",
+            "counter",
+            "Usage records set aside (usage_rejected), by reason: invalid, undecodable, refused.",
+        )
+        for reason, n in sorted(self.rejected.items()):
+            out.append(f'gateway_usage_records_rejected_total{{reason="{_escape(reason)}"}} {n}')
+        family(
+            "gateway_usage_records_clamped_total",
+            "counter",
+            "Figures of usage records clamped into their columns' bounds before they were stored, by field.",
+        )
+        for field, n in sorted(self.clamped.items()):
+            out.append(f'gateway_usage_records_clamped_total{{field="{_escape(field)}"}} {n}')
         family("gateway_in_flight_requests", "gauge", "Requests this host's proxy workers are serving now.")
         out.append(f"gateway_in_flight_requests {host.get('in_flight', 0)}")
         family(

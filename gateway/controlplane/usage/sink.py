@@ -16,6 +16,16 @@ change, when a window rolls over, and every ``refresh_interval`` seconds (which 
 between, each newly stored record that a window's live counter does not hold is added to that base as it
 is drained. Recomputing only ever happens between drains, in this one task, so no record is counted twice
 or missed in any window.
+
+No record stops the drain (``write``): each is checked before it is stored (``bound_record``): figures
+out of their columns' bounds are clamped, and the record stored with the names of the fields that were
+(the ``clamped`` column); a record that cannot be stored as it is (not JSON, the wrong types, an end time
+that is not a number) is set aside in ``usage_rejected`` with the reason, for an operator to read. A batch
+the database refuses for a value (``StoreDataError``, not an outage) is written again record by record,
+and only the records it still refuses are set aside. Both are counted in the metrics
+(``gateway_usage_records_clamped_total``, ``gateway_usage_records_rejected_total``) and logged once per
+reason, not per record, so that a flood of them does not flood the log. A record set aside is consumed
+from its ring like a stored one: each record is stored or set aside exactly once.
 I/O: the store; the shared usage rings and bucket table.
 """
 
@@ -31,8 +41,8 @@ from typing import Any
 import orjson
 
 from gateway.budget import KEY_OWNER, Budget, budgets_from_doc, window_key
-from gateway.controlplane.store import Store
-from gateway.controlplane.store._usage import SpendRow
+from gateway.controlplane.store import Store, StoreConflict, StoreDataError, StoreError
+from gateway.controlplane.store._usage import RejectedRecord, SpendRow
 from gateway.controlplane.usage.budget_alerts import Alert, BudgetAlerts, WatchedWindow
 from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.otel import OtelExporter
@@ -41,7 +51,9 @@ from gateway.native import BucketTable, UsageRing
 from gateway.usage_record import (
     UsageRecord,
     access_line,
+    bound_record,
     decode_record,
+    encode_record,
     record_from_values,
     records_from_values,
 )
@@ -96,8 +108,8 @@ class UsageSink:
         # The same bases by owner: what a record's principal and key find their windows by.
         self._principal_bases: dict[str, list[_Base]] = {}
         self._key_bases: dict[str, list[_Base]] = {}
-        self.malformed = 0
         self.written = 0
+        self._logged: set[str] = set()  # the reasons for setting records aside or clamping them, logged
         self._refreshed_at = 0.0
 
     # -- draining -------------------------------------------------------------------------------------
@@ -120,23 +132,46 @@ class UsageSink:
         ring = self.ring
         taken: list[tuple[int, int]] = []
         records: list[UsageRecord] = []
+        rejected: list[RejectedRecord] = []
         for index in range(ring.rings):
             raw = ring.read(index, BATCH_PER_RING)
             if not raw:
                 continue
             taken.append((index, len(raw)))
-            records += self._decode(index, raw)
+            records += self._decode(raw, rejected)
         if not taken:
             return 0
-        self.write(records)
+        self.write(records, rejected)
         for index, n in taken:
             ring.advance(index, n)
         return sum(n for _, n in taken)
 
-    def write(self, records: list[UsageRecord]) -> None:
-        """Write records (from the rings, or from a proxy-role host) once each, and fold the new ones that
-        the live counters do not hold into their budgets' base. Raises StoreError."""
-        new = self.store.usage.insert(records, self._folds if self.bases else None)  # no base: none folds
+    def write(
+        self, records: list[UsageRecord], rejected: list[RejectedRecord] | None = None, source: str = "ring"
+    ) -> None:
+        """Write records (from the rings, or from a proxy-role host) once each, their figures clamped into
+        bounds, and fold the new ones that the live counters do not hold into their budgets' base; set
+        aside ``rejected`` (records that did not decode) and those that cannot be stored. Raises
+        StoreError when the store is unavailable (nothing is then lost: writing again stores each record
+        once)."""
+        rejected = list(rejected or ())
+        records, clamped = self._bound(records, rejected, source)
+        watch = self._folds if self.bases else None  # no base: none folds
+        try:
+            new = self.store.usage.insert(records, watch, clamped)
+        except (StoreDataError, StoreConflict):
+            records, new = self._insert_each(records, watch, clamped, rejected, source)
+        if rejected:
+            self.store.usage.set_aside(rejected)
+            for r in rejected:
+                self.metrics.count_rejected(r.reason.split(":", 1)[0])
+                self._log_once(
+                    r.reason,
+                    "usage record from %s set aside in usage_rejected (%s); further ones are counted in "
+                    "gateway_usage_records_rejected_total, not logged",
+                    r.source,
+                    r.reason,
+                )
         self.written += len(records)
         self._fold(new)
         self.recent.add(records)
@@ -147,9 +182,84 @@ class UsageSink:
             names = self.principal_names
             self.access_log(b"".join(access_line(r, names.get(r.principal_id)) for r in records))
 
-    def _decode(self, index: int, raw: list[bytes]) -> list[UsageRecord]:
-        """The ring's batch decoded in one parse and checked as a whole; record by record (dropping the
-        unreadable ones) only when the batch as a whole is not valid current-version records."""
+    def _bound(
+        self, records: list[UsageRecord], rejected: list[RejectedRecord], source: str
+    ) -> tuple[list[UsageRecord], dict[str, tuple[str, ...]]]:
+        """The records with their figures clamped into bounds, and the clamped fields by request id;
+        those that cannot be (no finite end time) go to ``rejected``."""
+        clamped: dict[str, tuple[str, ...]] = {}
+        out = records
+        for i, record in enumerate(records):
+            try:
+                bounded, fields = bound_record(record)
+            except ValueError as exc:
+                self._reject(rejected, _encoded(record), source, "invalid", str(exc))
+                bounded, fields = None, ()
+            if bounded is record:
+                if out is not records:
+                    out.append(record)
+                continue
+            if out is records:  # the first record that changes: copy the ones before it
+                out = records[:i]
+            if bounded is not None:
+                out.append(bounded)
+                clamped[bounded.request_id] = fields
+                for field in fields:
+                    self.metrics.count_clamped(field)
+                    self._log_once(
+                        f"clamped {field}",
+                        "usage record %s stored with %s clamped into its bounds (e.g. a usage figure no "
+                        "column holds); further ones are counted in gateway_usage_records_clamped_total, "
+                        "not logged",
+                        record.request_id,
+                        field,
+                    )
+        return out, clamped
+
+    def _insert_each(
+        self,
+        records: list[UsageRecord],
+        watch: Callable[[UsageRecord], bool] | None,
+        clamped: dict[str, tuple[str, ...]],
+        rejected: list[RejectedRecord],
+        source: str,
+    ) -> tuple[list[UsageRecord], list[UsageRecord]]:
+        """The database refused a value of the batch: write its records one at a time, setting aside
+        those it refuses; returns the records stored and the new ones ``watch`` selects. A store that
+        fails otherwise meanwhile raises, after those stored so far are folded into the bases."""
+        stored: list[UsageRecord] = []
+        new: list[UsageRecord] = []
+        try:
+            for record in records:
+                try:
+                    new += self.store.usage.insert([record], watch, clamped)
+                except (StoreDataError, StoreConflict) as exc:
+                    self._reject(rejected, _encoded(record), source, "refused", exc.message)
+                else:
+                    stored.append(record)
+        except StoreError:
+            self._fold(new)
+            raise
+        return stored, new
+
+    @staticmethod
+    def _reject(into: list[RejectedRecord], data: bytes, source: str, kind: str, why: str) -> None:
+        """A record to set aside, with ``kind`` (the reason's class, the metric's label) first in its
+        reason; ``write`` counts and logs it."""
+        into.append(RejectedRecord.of(data, source, f"{kind}: {why}"))
+
+    def _log_once(self, reason: str, message: str, *args: object) -> None:
+        # A bounded set: reasons name a field or a class of error, with no figure of the record; should a
+        # store's messages vary without end, at most a few hundred distinct reasons are logged.
+        if reason in self._logged or len(self._logged) >= 256:
+            return
+        self._logged.add(reason)
+        log.error(message, *args)
+
+    def _decode(self, raw: list[bytes], rejected: list[RejectedRecord]) -> list[UsageRecord]:
+        """The ring's batch decoded in one parse and checked as a whole; record by record (setting the
+        unreadable ones aside into ``rejected``) only when the batch as a whole is not valid
+        current-version records."""
         try:
             values = orjson.loads(b"[" + b",".join(raw) + b"]")
         except orjson.JSONDecodeError:
@@ -165,8 +275,8 @@ class UsageSink:
             try:
                 out.append(record_from_values(values[i]) if values is not None else decode_record(data))
             except ValueError as exc:
-                self.malformed += 1
-                log.error("dropping an unreadable usage record from ring %d: %s", index, exc)
+                kind = "invalid" if values is not None or _is_json(data) else "undecodable"
+                self._reject(rejected, data, "ring", kind, str(exc).split(":", 1)[0])
         return out
 
     def pending(self) -> int:
@@ -299,6 +409,22 @@ class UsageSink:
                     changed[base.key] = base
         for base in changed.values():
             self.table.spend_set_base(base.key, base.tokens, base.cost)
+
+
+def _encoded(record: UsageRecord) -> bytes:
+    """A record as it is set aside: as it was encoded, or its Python form should that fail."""
+    try:
+        return encode_record(record)
+    except orjson.JSONEncodeError:
+        return repr(tuple(record)).encode()
+
+
+def _is_json(data: bytes) -> bool:
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _misses(base: _Base, ts: float, keys: Sequence[int] | None) -> bool:

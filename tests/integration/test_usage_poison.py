@@ -1,0 +1,97 @@
+"""No usage record stops a process: an upstream that reports usage figures no column can hold (2^63 and
+more, 1e30, negative ones) or that price into a cost past 64 bits leaves the gateway serving, its record
+stored clamped and flagged (or set aside), counted in a metric; the requests after it are stored as usual."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import orjson
+
+from gateway.config import Settings
+from gateway.controlplane.store import open_store
+from gateway.usage_record import MAX_FIGURE, UsageRecord
+from tests.fixtures.processes import Gateway, basic_config, free_port, wait_until
+from tests.fixtures.upstream import OK, RawUpstream
+from tests.integration.test_metrics import scrape, total
+from tests.integration.test_usage import chat, ready_key, records
+
+TOKENS = 2**53  # the largest figure the gateway's usage parser takes from an upstream
+
+
+def answer(usage: bytes) -> bytes:
+    body = (
+        b'{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":'
+        b'{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":' + usage + b"}"
+    )
+    return OK % len(body) + body
+
+
+def test_usage_figures_no_column_holds_leave_the_gateway_serving(tmp_path: Path) -> None:
+    upstream = RawUpstream()
+    admin_port = free_port()
+    # 2^53 prompt and 2^53 completion tokens at 1e3 nano-units each cost 1.8e19: past a signed 64-bit
+    # column, still within what a record (unsigned 64-bit JSON) carries from the proxy to the control worker.
+    config = basic_config({"a": upstream.url}, price="{ input = 1.0, output = 1.0 }")
+    gw = Gateway(tmp_path, config, workers=1, extra=("--admin-port", str(admin_port)))
+    try:
+        key = ready_key(gw, "alice")
+        hostile = {
+            "2^53": b'{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
+            % (TOKENS, TOKENS, TOKENS),
+            "2^63": b'{"prompt_tokens":9223372036854775808,"completion_tokens":18446744073709551616}',
+            "1e30": b'{"prompt_tokens":1,"completion_tokens":1e30,"total_tokens":1e30}',
+            "negative": b'{"prompt_tokens":-5,"completion_tokens":-1,"total_tokens":-6}',
+        }
+        ids = {}
+        for name, usage in hostile.items():
+            upstream.answer = answer(usage)
+            r = chat(gw, key, 5)
+            assert r.status_code == 200, (name, r.text)
+            ids[name] = r.headers["x-request-id"]
+        upstream.answer = answer(b'{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}')
+        ids["after"] = chat(gw, key, 5).headers["x-request-id"]
+
+        def stored() -> dict[str, UsageRecord]:
+            return {r.request_id: r for r in records(gw)}
+
+        wait_until(lambda: set(ids.values()) <= set(stored()), timeout=20, what="every record stored")
+        got = stored()
+        dear = got[ids["2^53"]]
+        assert (dear.prompt_tokens, dear.completion_tokens, dear.cost_nanos) == (TOKENS, TOKENS, MAX_FIGURE)
+        after = got[ids["after"]]
+        assert (after.prompt_tokens, after.completion_tokens, after.total_tokens) == (3, 4, 7)
+        # Figures the usage parser cannot take (past 2^53, not integers, negative) count as unreported: the
+        # others of the same usage object stand, or the request's estimate; never one out of bounds.
+        for name in ("2^63", "1e30", "negative"):
+            record = got[ids[name]]
+            figures = (*record[7:11], record.cost_nanos)
+            assert all(0 <= f <= MAX_FIGURE for f in figures), (name, record)
+
+        with open_store(Settings(data_dir=gw.data_dir)) as store:
+            assert store.usage.clamped(limit=10) == [(ids["2^53"], dear.ts, ("cost_nanos",))]
+        listed = orjson.loads(gw.cli("usage", "rejected", "--json").stdout)
+        assert [c["request_id"] for c in listed["clamped"]] == [ids["2^53"]]
+        assert listed["clamped"][0]["fields"] == ["cost_nanos"]
+        metrics = scrape(f"http://127.0.0.1:{admin_port}")
+        assert total(metrics, "gateway_usage_records_clamped_total", field="cost_nanos") == 1
+
+        # And it goes on serving and storing.
+        more = [chat(gw, key, 5) for _ in range(3)]
+        assert [r.status_code for r in more] == [200, 200, 200]
+        wait_until(
+            lambda: {r.headers["x-request-id"] for r in more} <= set(stored()),
+            timeout=20,
+            what="later records",
+        )
+        state = gw.state()
+        assert state["fatal"] is None
+        control = [w for w in state["workers"] if w["kind"] == "control"]
+        assert control and control[0]["restarts"] == 0
+        status = gw.cli("status", check=False)
+        assert status.returncode == 0 and "stopped because" not in status.stdout
+        assert httpx.get(gw.url + "/readyz", timeout=5).status_code == 200
+    finally:
+        gw.stop()
+        upstream.stop()
