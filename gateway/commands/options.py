@@ -86,6 +86,20 @@ def _cidrs(text: str) -> tuple[str, ...]:
     return out
 
 
+# RFC 9110's token: what a field name may be made of.
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def _header_names(text: str) -> tuple[str, ...]:
+    """``--drop-request-headers``: comma-separated header names, lowercased (granian hands the data plane
+    lowercase names), checked here so that a typo stops the start."""
+    out = tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    for name in out:
+        if not set(name) <= _TOKEN:
+            raise argparse.ArgumentTypeError(f"not a header name: {name!r}")
+    return out
+
+
 def _env(name: str) -> str | None:
     return os.environ.get(name) or None
 
@@ -152,6 +166,14 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
         default=_cidrs(os.environ.get("GATEWAY_TRUSTED_PROXIES", "")) or None,
         help="comma-separated networks (CIDRs) of load balancers whose X-Forwarded-For names the client "
         "(none: the socket's peer is the client; env GATEWAY_TRUSTED_PROXIES)",
+    )
+    p.add_argument(
+        "--drop-request-headers",
+        type=_header_names,
+        default=_header_names(os.environ.get("GATEWAY_DROP_REQUEST_HEADERS", "")) or None,
+        help="comma-separated names of request headers never forwarded to an engine, besides the client "
+        "credentials always dropped (authorization, x-api-key, api-key, cookie, proxy-authorization; env "
+        "GATEWAY_DROP_REQUEST_HEADERS)",
     )
 
 

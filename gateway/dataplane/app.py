@@ -64,9 +64,11 @@ __all__ = ["ProxyApp"]
 log = logging.getLogger("gateway.dataplane")
 
 _JSON = [("content-type", "application/json")]
-# Never forwarded upstream: the client's credentials, connection-level headers, and Accept-Encoding
-# (bytes must arrive uncompressed so usage can be read from them).
-_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "accept-encoding"}
+# Never forwarded upstream: the client's credentials (its gateway key, as Bearer, x-api-key or the
+# api-key of Azure-style SDKs, and its cookies; Proxy-Authorization is hop-by-hop), connection-level
+# headers, and Accept-Encoding (bytes must arrive uncompressed so usage can be read from them). The
+# operator's --drop-request-headers join these once, at start (ProxyApp.drop_request_headers).
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "api-key", "cookie", "accept-encoding"}
 _KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
@@ -101,6 +103,7 @@ class ProxyApp:
         self.clients = clients if clients is not None and clients.active else None
         # Who the client is, as --trusted-proxies decides it: per-key allow_ips test this address.
         self.trusted = clients.trusted if clients is not None else TrustedProxies(settings.trusted_proxies)
+        self.drop_request_headers = _DROP_REQUEST_HEADERS | frozenset(settings.drop_request_headers)
         self.load = load if load is not None else BackendLoad(None, None)
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
@@ -431,11 +434,9 @@ class ProxyApp:
         named = headers.get_all("connection")
         # Headers the client's Connection header names are hop-by-hop as well (RFC 9110 7.6.1). Clients
         # send none or "keep-alive", so the usual drop set serves.
-        drop = (
-            _DROP_REQUEST_HEADERS | connection_named(named)
-            if named and named != _KEEP_ALIVE
-            else _DROP_REQUEST_HEADERS
-        )
+        drop = self.drop_request_headers
+        if named and named != _KEEP_ALIVE:
+            drop = drop | connection_named(named)
         forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
         if path.startswith(MESSAGES + "/") and path != _COUNT_TOKENS:
@@ -511,7 +512,7 @@ class ProxyApp:
         """The client's address: the socket's peer, or the hop a trusted proxy vouches for."""
         peer = peer_address(scope.client or "")
         if self.trusted:
-            return self.trusted.client_of(peer, scope.headers.get("x-forwarded-for"))
+            return self.trusted.client_of(peer, scope.headers.get_all("x-forwarded-for"))
         return peer
 
     def models_body(self, snap: Snapshot, key: KeyEntry) -> bytes:
