@@ -94,8 +94,8 @@ class Settings:
     client_burst: int = 0  # bucket size of client_rate; 0: twice the rate
     client_slots: int = 8192  # bucket pairs the addresses are hashed into
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
-    # Request headers that carry a client's credentials in this deployment, besides those never forwarded
-    # anyway (dataplane.app): lowercase names, never sent to an engine.
+    # Request headers (lowercase names) never forwarded to an engine, besides the client credentials the
+    # gateway always drops (dataplane/app.py): an operator's own, e.g. an SSO proxy's identity header.
     drop_request_headers: tuple[str, ...] = ()
     usage_records: bool = field(default_factory=lambda: os.environ.get("GATEWAY_USAGE_RECORDS", "1") != "0")
     # Each usage record carries its route trace (every attempt's backend, outcome and times); on by default

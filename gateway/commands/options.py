@@ -86,9 +86,18 @@ def _cidrs(text: str) -> tuple[str, ...]:
     return out
 
 
+# RFC 9110's token: what a field name may be made of.
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
 def _header_names(text: str) -> tuple[str, ...]:
-    """``--drop-request-headers``: comma-separated header names, lowercased."""
-    return tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    """``--drop-request-headers``: comma-separated header names, lowercased (granian hands the data plane
+    lowercase names), checked here so that a typo stops the start."""
+    out = tuple(n.strip().lower() for n in text.split(",") if n.strip())
+    for name in out:
+        if not set(name) <= _TOKEN:
+            raise argparse.ArgumentTypeError(f"not a header name: {name!r}")
+    return out
 
 
 def _env(name: str) -> str | None:
@@ -162,9 +171,9 @@ def add_edge_options(p: argparse.ArgumentParser) -> None:
         "--drop-request-headers",
         type=_header_names,
         default=_header_names(os.environ.get("GATEWAY_DROP_REQUEST_HEADERS", "")) or None,
-        help="comma-separated request headers that carry clients' credentials here, never sent to an engine "
-        "(besides authorization, x-api-key, api-key, cookie, proxy-authorization; "
-        "env GATEWAY_DROP_REQUEST_HEADERS)",
+        help="comma-separated names of request headers never forwarded to an engine, besides the client "
+        "credentials always dropped (authorization, x-api-key, api-key, cookie, proxy-authorization; env "
+        "GATEWAY_DROP_REQUEST_HEADERS)",
     )
 
 

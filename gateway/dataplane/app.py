@@ -64,11 +64,11 @@ __all__ = ["ProxyApp"]
 log = logging.getLogger("gateway.dataplane")
 
 _JSON = [("content-type", "application/json")]
-# Never forwarded upstream: the client's credentials however its SDK sends them (Bearer, Anthropic's
-# x-api-key, Azure's api-key, a cookie; operators name more with --drop-request-headers), connection-level
-# headers, and Accept-Encoding (bytes must arrive uncompressed so usage can be read from them).
-CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie", "proxy-authorization"})
-_DROP_REQUEST_HEADERS = HOP_BY_HOP | CREDENTIAL_HEADERS | {"accept-encoding"}
+# Never forwarded upstream: the client's credentials (its gateway key, as Bearer, x-api-key or the
+# api-key of Azure-style SDKs, and its cookies; Proxy-Authorization is hop-by-hop), connection-level
+# headers, and Accept-Encoding (bytes must arrive uncompressed so usage can be read from them). The
+# operator's --drop-request-headers join these once, at start (ProxyApp.drop_request_headers).
+_DROP_REQUEST_HEADERS = HOP_BY_HOP | {"authorization", "x-api-key", "api-key", "cookie", "accept-encoding"}
 _KEEP_ALIVE = ["keep-alive"]
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # Anthropic's Messages API: its own request shape and its own error envelope.
@@ -103,8 +103,8 @@ class ProxyApp:
         self.clients = clients if clients is not None and clients.active else None
         # Who the client is, as --trusted-proxies decides it: per-key allow_ips test this address.
         self.trusted = clients.trusted if clients is not None else TrustedProxies(settings.trusted_proxies)
+        self.drop_request_headers = _DROP_REQUEST_HEADERS | frozenset(settings.drop_request_headers)
         self.load = load if load is not None else BackendLoad(None, None)
-        self.drop = _DROP_REQUEST_HEADERS | frozenset(settings.drop_request_headers)  # one set, made once
         self._models_cache: dict[str, bytes] = {}
         self._follow_task: asyncio.Task[None] | None = None
         self._usage_task: asyncio.Task[None] | None = None
@@ -438,7 +438,9 @@ class ProxyApp:
         named = headers.get_all("connection")
         # Headers the client's Connection header names are hop-by-hop as well (RFC 9110 7.6.1). Clients
         # send none or "keep-alive", so the usual drop set serves.
-        drop = self.drop | connection_named(named) if named and named != _KEEP_ALIVE else self.drop
+        drop = self.drop_request_headers
+        if named and named != _KEEP_ALIVE:
+            drop = drop | connection_named(named)
         forwarded = [(k, v) for k, v in headers.items() if k not in drop]
         path_qs = path + "?" + qs if qs else path
         if path.startswith(MESSAGES + "/") and path != _COUNT_TOKENS:

@@ -3,7 +3,12 @@ the workers of a host, and which address a request comes from.
 
 The address is the socket's peer (RSGI ``scope.client``) unless that peer is in ``--trusted-proxies``:
 then it is the right-most address of ``X-Forwarded-For`` that is not itself a trusted proxy, which is the
-one hop the trusted chain vouches for (addresses further left are whatever the client wrote). IPv6
+one hop the trusted chain vouches for (addresses further left are whatever the client wrote). Every line of
+the header counts, joined in order into one list as RFC 9110 (5.3) combines a repeated field: a client's
+own line ahead of its balancer's must not hide the balancer's. A hop there that is no address ends the
+walk: it is the client's "address", which no ``allow_ips`` holds, and nothing further left is believed.
+``Forwarded`` (RFC 7239) is not read: a balancer that sets only ``X-Forwarded-For`` passes a client's
+``Forwarded`` on untouched, so believing it would let clients pick their address. IPv6
 addresses are grouped by /64, since one host usually holds a whole /64. granian offers no PROXY-protocol
 listener and no accept hook, so nothing here sees a connection before its first request head: idle
 connections are bounded by the head timeout and the per-worker connection cap (see worker.py), not by
@@ -41,6 +46,8 @@ __all__ = ["ClientLimiter", "ClientTicket", "TrustedProxies", "peer_address"]
 
 # Addresses remembered per worker (address -> slot, peer -> trusted?) before the caches start over.
 _CACHE = 65536
+# Characters of a garbled X-Forwarded-For element kept as the client's "address" (in 403s and 429s).
+_GARBLED = 64
 # The key space of the per-address buckets in the shared table: "c:<slot>".
 _SCOPE = "c:"
 
@@ -58,13 +65,14 @@ def peer_address(client: str) -> str:
 class TrustedProxies:
     """The networks whose ``X-Forwarded-For`` is believed. Empty: never (the peer is the client)."""
 
-    __slots__ = ("_known", "networks")
+    __slots__ = ("_addresses", "_known", "networks")
 
     def __init__(self, cidrs: tuple[str, ...] | list[str]) -> None:
         self.networks: tuple[Network, ...] = tuple(
             ipaddress.ip_network(c.strip(), strict=False) for c in cidrs
         )
         self._known: dict[str, bool] = {}
+        self._addresses: dict[str, str] = {}  # X-Forwarded-For element -> its address, "" for none
 
     def __bool__(self) -> bool:
         return bool(self.networks)
@@ -84,24 +92,55 @@ class TrustedProxies:
         return known
 
     def client_of(self, peer: str, forwarded_for: list[str]) -> str:
-        """The client's address: the peer's, or, from a trusted peer, the right-most untrusted hop of
-        ``forwarded_for``, every ``X-Forwarded-For`` line of the request in order. Repeated lines are one
-        comma-separated list (RFC 9110 5.3): HAProxy's ``option forwardfor`` adds a line of its own after
-        the client's, and reading only the first would believe what the client wrote."""
+        """The client's address: the peer's, or, from a trusted peer, the right-most untrusted hop of the
+        ``X-Forwarded-For`` lines (``Headers.get_all``), all of them, in order."""
         if not forwarded_for or not self.networks or not self.trusts(peer):
             return peer
-        hops = [h.strip() for line in forwarded_for for h in line.split(",")]
-        for hop in reversed(hops):
-            hop = hop.strip("[]") if hop.startswith("[") else hop
+        nearest = peer
+        hops = forwarded_for[0] if len(forwarded_for) == 1 else ",".join(forwarded_for)
+        for hop in reversed(hops.split(",")):
+            hop = hop.strip(" \t")
             if not hop:
-                continue
-            if not self.trusts(hop):
-                try:
-                    ipaddress.ip_address(hop)
-                except ValueError:
-                    return peer  # a hop that is no address: believe nothing of the header
-                return hop
-        return hops[0] or peer  # every hop a trusted proxy: the left-most is the nearest we know of
+                continue  # an empty list element is no hop (RFC 9110 5.6.1)
+            address = self.address_of(hop)
+            if not address:
+                # Written by the nearest proxy we trust, or by one it trusts: it names no address, so the
+                # client has none that an allow_ips could hold, and what lies further left is the client's.
+                return hop[:_GARBLED]
+            if not self.trusts(address):
+                return address
+            nearest = address
+        return nearest  # every hop a trusted proxy: the farthest one is the nearest we know of the client
+
+    def address_of(self, hop: str) -> str:
+        """The address one ``X-Forwarded-For`` element names, as ``ipaddress`` writes it: ``1.2.3.4``,
+        ``2001:db8::1`` or ``[2001:db8::1]``, with a port or without (``1.2.3.4:443``, ``[::1]:443``, as
+        some balancers write them); "" for anything else."""
+        address = self._addresses.get(hop)
+        if address is None:
+            address = _parse_hop(hop)
+            if len(self._addresses) >= _CACHE:
+                self._addresses.clear()
+            self._addresses[hop] = address
+        return address
+
+
+def _parse_hop(hop: str) -> str:
+    if hop.startswith("["):
+        end = hop.find("]")
+        port = hop[end + 1 :] if end > 0 else ":"
+        host = hop[1:end]
+    elif hop.count(":") == 1:  # IPv4 with a port (a bare IPv6 address has two colons or more)
+        host, port = hop.split(":")
+        port = ":" + port
+    else:
+        host, port = hop, ""
+    if port and not (port[0] == ":" and port[1:].isascii() and port[1:].isdigit()):
+        return ""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return ""
 
 
 class ClientTicket:

@@ -96,3 +96,24 @@ def test_request_rate_per_address(limited: tuple[Gateway, str]) -> None:
     r = chat(gw, key, "10.0.0.7", "/v1/messages")
     assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"  # Anthropic's envelope
     assert int(r.headers["retry-after"]) >= 1
+
+
+def test_a_client_cannot_pick_its_address_with_a_header_line_of_its_own(
+    limited: tuple[Gateway, str],
+) -> None:
+    gw, key = limited
+    # Each request puts a fresh address on a line of its own ahead of its balancer's (which says
+    # 10.0.0.21): both lines are one list, so every request counts under 10.0.0.21. Reading the first line
+    # only, each counted under the address the client chose and none was refused.
+    statuses = [
+        httpx.get(
+            gw.url + "/v1/models",
+            headers=[
+                ("authorization", f"Bearer {key}"),
+                ("x-forwarded-for", f"192.0.2.{i}"),
+                ("x-forwarded-for", "10.0.0.21"),
+            ],
+        ).status_code
+        for i in range(6)
+    ]
+    assert statuses[:4] == [200] * 4 and 429 in statuses[4:], statuses

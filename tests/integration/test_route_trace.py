@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
@@ -135,6 +136,21 @@ def test_the_client_s_own_request_id_finds_it(env: Env) -> None:
     doc = env.request("client-trace-41")
     assert doc["request_id"] == r.headers["x-gateway-request-id"] and doc["rule"] is None
     assert [(a["backend"], a["status"]) for a in doc["attempts"]] == [("second", 200)]
+
+
+@pytest.mark.parametrize(
+    "client_id",
+    ["a/b", "/lead", "trail/", "a//b", "q?x=1&y", "h#f", "p%2Fc", "%", "..", ".", "~!$&'()*+,;=:@[]\\^`{|}"],
+)
+def test_every_id_the_proxy_accepts_is_found(env: Env, client_id: str) -> None:
+    # The proxy takes any printable ASCII id (accounting._CLIENT_ID); the admin API finds each by its
+    # percent-encoded path segment. "a/b" was a 404 before: the id was one segment, and "%2F" reaches the
+    # admin port decoded, as "/".
+    r = env.chat(**{"x-request-id": client_id})
+    assert r.status_code == 200 and r.headers["x-request-id"] == client_id
+    # Dots encoded too: an id "." or ".." would otherwise be a dot-segment, resolved away by the client.
+    doc = env.request(quote(client_id, safe="").replace(".", "%2E"))
+    assert doc["id"] == client_id and doc["request_id"] == r.headers["x-gateway-request-id"]
 
 
 def test_when_every_target_fails_the_refusal_has_a_trace_and_an_id(env: Env) -> None:

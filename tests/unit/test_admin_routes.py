@@ -130,3 +130,23 @@ def test_routes_are_unique_and_named_by_their_handlers() -> None:
         assert op["operationId"] == r.handler.__name__
         assert op.get("x-permission") == r.access.permission
         assert ("security" in op) == (r.access is not Access.OPEN)
+
+
+@pytest.mark.parametrize(
+    ("path", "request_id"),
+    [
+        ("/admin/requests/r1", "r1"),
+        ("/admin/requests/a/b", "a/b"),  # what "/admin/requests/a%2Fb" reaches the app as
+        ("/admin/requests//lead", "/lead"),
+        ("/admin/requests/trail/", "trail/"),
+        ("/admin/requests/a//b", "a//b"),
+        ("/admin/requests/q?x=1", "q?x=1"),
+        ("/admin/requests/..", ".."),
+    ],
+)
+def test_a_request_id_is_the_rest_of_the_path(path: str, request_id: str) -> None:
+    admission = AdminApi(FakeContext()).admit("GET", path, _bearer("finance"))  # type: ignore[arg-type]
+    assert admission.route.handler.__name__ == "request_one" and admission.params == {"id": request_id}
+    # The list's path is not an id, with its trailing slash or without.
+    for listed in ("/admin/requests", "/admin/requests/"):
+        assert AdminApi(FakeContext()).admit("GET", listed, _bearer("finance")).params == {}  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from gateway.errors import RateLimited
 from gateway.native import AtomicWords, BucketTable, region_size
 from gateway.shm.holdings import Holdings
 from gateway.shm.segment import Segment
+from tests.fixtures.rsgi import FakeHeaders, FakeScope
 
 
 @dataclass
@@ -39,24 +40,68 @@ TRUSTED = TrustedProxies(["10.0.0.0/8", "::1/128"])
 @pytest.mark.parametrize(
     ("peer", "xff", "client"),
     [
-        ("10.1.1.1", "198.51.100.7", "198.51.100.7"),  # a trusted balancer names the client
-        ("10.1.1.1", "6.6.6.6, 198.51.100.7", "198.51.100.7"),  # what the client wrote itself is not believed
-        ("10.1.1.1", "198.51.100.7, 10.2.2.2", "198.51.100.7"),  # a chain of trusted proxies is walked
-        ("10.1.1.1", "10.3.3.3, 10.2.2.2", "10.3.3.3"),  # all trusted: the farthest known
-        ("10.1.1.1", "not-an-address", "10.1.1.1"),  # a garbled header is not believed at all
-        ("10.1.1.1", None, "10.1.1.1"),
-        # Repeated lines are one list (RFC 9110): the balancer's own line comes last and names the client.
+        ("10.1.1.1", ["198.51.100.7"], "198.51.100.7"),  # a trusted balancer names the client
+        (
+            "10.1.1.1",
+            ["6.6.6.6, 198.51.100.7"],
+            "198.51.100.7",
+        ),  # what the client wrote itself is not believed
+        ("10.1.1.1", ["198.51.100.7, 10.2.2.2"], "198.51.100.7"),  # a chain of trusted proxies is walked
+        ("10.1.1.1", ["10.3.3.3, 10.2.2.2"], "10.3.3.3"),  # all trusted: the farthest known
+        ("10.1.1.1", [], "10.1.1.1"),  # no header: the peer
+        ("192.0.2.1", ["198.51.100.7"], "192.0.2.1"),  # an untrusted peer's header is ignored
+        ("::1", ["[2001:db8::1]"], "2001:db8::1"),
+        # Repeated lines are one list, in order (RFC 9110 5.3): the client's own line first, the balancer's
+        # last. Reading only the first line made 10.1.2.3 (the client's choice) the address.
         ("10.1.1.1", ["10.1.2.3", "198.51.100.7"], "198.51.100.7"),
         ("10.1.1.1", ["6.6.6.6, 10.1.2.3", "198.51.100.7, 10.2.2.2"], "198.51.100.7"),
-        ("10.1.1.1", ["", "198.51.100.7"], "198.51.100.7"),
-        ("192.0.2.1", "198.51.100.7", "192.0.2.1"),  # an untrusted peer's header is ignored
-        ("::1", "[2001:db8::1]", "2001:db8::1"),
+        ("10.1.1.1", ["198.51.100.7", "10.2.2.2"], "198.51.100.7"),  # a trusted hop on a line of its own
+        ("10.1.1.1", ["10.3.3.3", "10.2.2.2"], "10.3.3.3"),
+        # Empty list elements are nothing (RFC 9110 5.6.1), wherever they are.
+        ("10.1.1.1", [" , 198.51.100.7 ,, "], "198.51.100.7"),
+        ("10.1.1.1", ["198.51.100.7", ""], "198.51.100.7"),
+        ("10.1.1.1", [",", ","], "10.1.1.1"),
+        # Ports, as some balancers write them, and addresses in their canonical spelling.
+        ("10.1.1.1", ["198.51.100.7:4711"], "198.51.100.7"),
+        ("10.1.1.1", ["[2001:DB8::1]:443"], "2001:db8::1"),
+        ("10.1.1.1", ["2001:DB8::1"], "2001:db8::1"),
+        ("10.1.1.1", ["198.51.100.7, 10.2.2.2:80"], "198.51.100.7"),
+        # A hop that is no address stops the walk: it is the client's "address" (which no allow_ips
+        # holds), never the trusted peer's and never a hop further left.
+        ("10.1.1.1", ["not-an-address"], "not-an-address"),
+        ("10.1.1.1", ["198.51.100.7, unknown"], "unknown"),
+        ("10.1.1.1", ["10.9.9.9", "garbage"], "garbage"),
+        ("10.1.1.1", ["10.9.9.9, _hidden, 10.2.2.2"], "_hidden"),
+        ("10.1.1.1", ["198.51.100.7:port"], "198.51.100.7:port"),
+        ("10.1.1.1", ["[2001:db8::1"], "[2001:db8::1"),
+        ("10.1.1.1", ["[2001:db8::1]x"], "[2001:db8::1]x"),
+        ("10.1.1.1", ["[]"], "[]"),
+        ("10.1.1.1", ["10.9.9.9", "1.2.3.4:\u00b2"], "1.2.3.4:\u00b2"),  # a digit, but not an ASCII one
+        ("10.1.1.1", ["x" * 100], "x" * 64),  # kept short: it is echoed in 403s and keys a limiter slot
+        # What a client writes further left of a garbled hop is not reached.
+        ("10.1.1.1", ["10.5.5.5", "unknown"], "unknown"),
+        # Forwarded (RFC 7239) is not read: only X-Forwarded-For is handed in, so nothing here is it.
     ],
 )
-def test_forwarded_for_only_from_trusted_peers(peer: str, xff: str | list[str] | None, client: str) -> None:
-    lines = [] if xff is None else [xff] if isinstance(xff, str) else xff
-    assert TRUSTED.client_of(peer, lines) == client
-    assert TrustedProxies([]).client_of(peer, lines) == peer
+def test_forwarded_for_only_from_trusted_peers(peer: str, xff: list[str], client: str) -> None:
+    assert TRUSTED.client_of(peer, xff) == client
+    assert TrustedProxies([]).client_of(peer, xff) == peer
+
+
+def test_the_limiter_reads_every_forwarded_for_line(table: BucketTable) -> None:
+    limiter = make(table, max_requests=1, trusted=TrustedProxies(["127.0.0.0/8"]))
+
+    def scope(*lines: str) -> FakeScope:
+        return FakeScope(
+            "POST", "/", FakeHeaders([("x-forwarded-for", v) for v in lines]), client="127.0.0.1:9"
+        )
+
+    held = limiter.admit(scope("198.51.100.7"))
+    # The same client, with a line of its own choosing ahead of its balancer's: still 198.51.100.7.
+    with pytest.raises(RateLimited) as info:
+        limiter.admit(scope("10.1.2.3", "198.51.100.7"))
+    assert "198.51.100.7" in info.value.message
+    limiter.finish(held)
 
 
 @pytest.fixture

@@ -48,6 +48,19 @@ def test_a_bad_network_stops_the_start(capsys: pytest.CaptureFixture[str]) -> No
     assert "not a network: 'not-a-net'" in capsys.readouterr().err
 
 
+def test_headers_to_drop_are_names_lowercased(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = serve("--drop-request-headers", "X-SSO-User, x-internal-token,")
+    assert s.drop_request_headers == ("x-sso-user", "x-internal-token")  # type: ignore[attr-defined]
+    assert serve().drop_request_headers == ()  # type: ignore[attr-defined]
+    monkeypatch.setenv("GATEWAY_DROP_REQUEST_HEADERS", "X-Tenant-Token")
+    assert serve().drop_request_headers == ("x-tenant-token",)  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit):
+        serve("--drop-request-headers", "x-ok, not a name")
+    assert "not a header name: 'not a name'" in capsys.readouterr().err
+
+
 def test_head_timeout_in_ms_and_off() -> None:
     assert head_timeout_ms(1.5) == 1500
     assert head_timeout_ms(0) == 86_400_000

@@ -87,6 +87,10 @@ class AdminRoute:
     # A write that comes with the session cookie must send the session's CSRF token; logout need not, as
     # it can only end the session.
     csrf: bool = True
+    # The last "{name}" takes the rest of the path, "/" and all: a client's x-request-id may hold "/", and
+    # granian hands the path percent-decoded, so the "%2F" an admin client sends for it arrives as "/".
+    # Such a route has no other parameter.
+    rest: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +177,9 @@ ROUTES: tuple[AdminRoute, ...] = (
         Access.USAGE_READ,
         reports.request_one,
         "One finished request by the x-request-id its client got: usage, rule and route trace (and its "
-        "logged bodies for a caller holding bodies:read)",
+        "logged bodies for a caller holding bodies:read). The id is the rest of the path, percent-encoded "
+        "(an id may hold '/', '?', '#' or '%')",
+        rest=True,
     ),
     AdminRoute(
         "GET",
@@ -249,6 +255,12 @@ ROUTES: tuple[AdminRoute, ...] = (
 def _match(route: AdminRoute, method: str, path: str) -> dict[str, str] | None:
     if route.method != method:
         return None
+    if route.rest:
+        prefix, _, name = route.path.rpartition("/{")
+        prefix += "/"
+        if not path.startswith(prefix) or len(path) == len(prefix):
+            return None
+        return {name[:-1]: path[len(prefix) :]}  # as it came: an id may end in "/"
     want, got = route.path.split("/"), path.rstrip("/").split("/")
     if len(want) != len(got):
         return None

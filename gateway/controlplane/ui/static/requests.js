@@ -97,7 +97,9 @@ export async function render(main, ctx) {
   const status = h("p", { class: "muted" });
   const show = async (id) => {
     lookup.value = id;
-    const doc = await ctx.api("GET", `/admin/requests/${encodeURIComponent(id)}`);
+    // The id is the rest of the path ("/" and all); "." is encoded too, or "." and ".." would be taken
+    // as dot-segments and resolved away before the request is sent.
+    const doc = await ctx.api("GET", `/admin/requests/${encodeURIComponent(id).replaceAll(".", "%2E")}`);
     clear(detail).append(section("Request", traceView(doc)));
   };
   const form = h("form", { class: "toolbar", id: "request-lookup" }, field("Request id", lookup),
