@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from gateway.controlplane.usage import budget_alerts
+from tests.fixtures.dribbler import Dribbler
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
 from tests.integration.test_metrics import scrape
 from tests.integration.test_usage import chat, ready_key
@@ -191,3 +193,33 @@ def test_every_window_of_a_principal_and_of_a_key_alerts_once_per_threshold(
         assert len(webhook.received) == 5 and gw.log.read_text().count("budget alert: ") == 5
     finally:
         gw.stop()
+
+
+def test_a_webhook_that_dribbles_its_answer_fails_at_the_deadline(
+    tmp_path: Path, mock_engine: MockEngine
+) -> None:
+    # Status line and headers at once, then a byte every half second for 40 s: httpx's per-read timeout
+    # never fires, so only the POST's total deadline ends it.
+    hook = Dribbler(interval=0.5, length=40.0, path="/alerts")
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": mock_engine.url}, extra=BUDGETED),
+        extra=("--budget-alert-webhook", hook.url),
+    )
+    try:
+        key = ready_key(gw, "capped")
+        mock_engine.configure(tokens=1000)
+        for _ in range(2):  # 600 of 1,000 tokens: past 50%
+            assert chat(gw, key, 299).status_code == 200
+        wait_until(lambda: hook.answered, what="the alert reaching the webhook")
+        began = hook.answered[0]
+        wait_until(
+            lambda: "budget alert webhook failed for capped" in gw.log.read_text(),
+            timeout=budget_alerts.WEBHOOK_DEADLINE + 8,
+            what="the dribbled POST given up and logged",
+        )
+        assert time.monotonic() - began < budget_alerts.WEBHOOK_DEADLINE + 8
+        assert "budget alert: principal capped has used 60%" in gw.log.read_text()  # the log line stands
+    finally:
+        gw.stop()
+        hook.stop()

@@ -1,18 +1,25 @@
 """OpenTelemetry export end to end: a real OTLP/HTTP receiver decodes what the control worker sends — one
 SERVER span per sampled request and one CLIENT child per upstream attempt, with the GenAI semantic
 conventions — and the mock engine shows the ``traceparent`` each attempt carried. A collector that is down
-costs the requests nothing: its spans are dropped and counted."""
+costs the requests nothing: its spans are dropped and counted; one that dribbles its answer holds an export
+no longer than its deadline, and the queue stays bounded meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from gateway.controlplane.usage import otel
+from gateway.controlplane.usage.otel import OtelExporter
+from gateway.usage_record import UsageRecord
+from tests.fixtures.dribbler import Dribbler
 from tests.fixtures.otlp import OtlpReceiver, attributes
 from tests.fixtures.processes import Gateway, MockEngine, basic_config, free_port, wait_until
 
@@ -150,3 +157,84 @@ def test_a_collector_that_is_down_costs_requests_nothing_and_is_counted(env: Env
     assert env.chat(traceparent=f"00-{'12' * 16}-{PARENT}-01").status_code == 200
     assert len(env.spans("12" * 16, 2)) == 2  # and export resumes
     assert env.metric("gateway_otel_spans_exported_total") >= 7
+
+
+def _metric(admin: str, name: str) -> float:
+    for line in httpx.get(admin + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def test_a_collector_that_dribbles_its_answer_loses_the_batch_at_the_deadline(tmp_path: Path) -> None:
+    # Status line and headers at once, then a byte every half second for 40 s: every read brings
+    # something, so httpx's per-read timeout never fires and only a total deadline ends the POST.
+    collector = Dribbler(interval=0.5, length=40.0, path="/v1/traces")
+    engine = MockEngine(tmp_path)
+    port = free_port()
+    admin = f"http://127.0.0.1:{port}"
+    extra = ("--admin-port", str(port), "--otel-endpoint", collector.url, "--engine-scrape-interval", "0")
+    gw = Gateway(tmp_path, basic_config({"a": engine.url}), workers=1, extra=extra)
+    try:
+        key = gw.create_key("alice")
+        gw.wait_key_live(key)
+        body = {"model": "chat", "messages": [{"role": "user", "content": "q"}], "max_tokens": 3}
+        r = httpx.post(gw.url + "/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body)
+        assert r.status_code == 200
+        wait_until(lambda: collector.answered, timeout=10, what="the export reaching the collector")
+        began = collector.answered[0]
+        # The deadline is 2 s; the dribble would last 40 s. Generous slack for a loaded machine.
+        wait_until(
+            lambda: _metric(admin, "gateway_otel_spans_dropped_total") >= 2,
+            timeout=otel.DEADLINE + 8,
+            what="the dribbled batch dropped and counted",
+        )
+        assert time.monotonic() - began < otel.DEADLINE + 8
+        assert _metric(admin, "gateway_otel_spans_exported_total") == 0
+        assert "OpenTelemetry export to" in gw.log.read_text() and "DeadlineExceeded" in gw.log.read_text()
+    finally:
+        gw.stop()
+        engine.stop()
+        collector.stop()
+
+
+def _record(n: int) -> UsageRecord:
+    """A sampled record with no attempts: one span."""
+    span = ["ab" * 16, None, f"{n + 1:016x}", "chat", "openai"]
+    return UsageRecord(
+        f"r{n}", time.time(), "p", "k", "chat", "a", 200, 1, 1, 0, 2, "reported", 0, 5.0, 1.0, None,
+        span=span,
+    )  # fmt: skip
+
+
+async def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    ends = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < ends, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_the_queue_stays_bounded_while_the_collector_dribbles() -> None:
+    collector = Dribbler(interval=0.5, length=40.0, path="/v1/traces")
+    exporter = OtelExporter(collector.url, "svc", queue_limit=8)
+
+    async def scenario() -> None:
+        task = asyncio.get_running_loop().create_task(exporter.run())
+        try:
+            exporter.add([_record(i) for i in range(5)])
+            await _until(lambda: len(collector.answered) == 1, 5, "the first batch in flight")
+            assert len(exporter.queue) == 0  # the batch left the queue when its POST began
+            exporter.add([_record(i) for i in range(5, 25)])  # while the collector holds that POST
+            assert len(exporter.queue) == 8 and exporter.dropped == 12  # full: the rest dropped, counted
+            # The first POST ends at its deadline (the collector would dribble for 40 s): its 5 spans
+            # are dropped; the next batch, the 8 queued, meets the same fate one deadline later.
+            await _until(lambda: exporter.dropped == 17, otel.DEADLINE + 8, "the first batch dropped")
+            await _until(lambda: exporter.dropped == 25, otel.DEADLINE + 8, "the second batch dropped")
+            assert len(collector.answered) == 2 and exporter.exported == 0 and len(exporter.queue) == 0
+        finally:
+            task.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        collector.stop()

@@ -17,7 +17,9 @@ sits at or above ``waiting_high_water``, and grows by one each round it is below
 and the surplus waits in the proxy, where it can be refused early.
 
 It runs in a thread of the host's control slot with its own event loop, so that a slow backend never
-delays snapshot publication or usage draining. I/O: HTTP to the backends, the shared segments.
+delays snapshot publication or usage draining. Each scrape or probe has ``PROBE_TIMEOUT`` in all
+(``outbound.call``): a backend that dribbles its answer fails the probe instead of holding the round. I/O:
+HTTP to the backends, the shared segments.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway.controlplane import outbound
 from gateway.native import BucketTable
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import StaticLoad, engine_states
@@ -47,7 +50,8 @@ log = logging.getLogger("gateway.engines")
 
 FAILURES_TO_MARK_DOWN = 2
 REDETECT = 30.0  # seconds between asking a backend without engine metrics whether it has them now
-PROBE_TIMEOUT = 1.5
+PROBE_TIMEOUT = 1.5  # seconds a scrape or probe has in all, however the backend dribbles its answer
+ANSWER_LIMIT = 8 << 20  # bytes of a /metrics or health answer read at most (vLLM's text is ~100 KB)
 
 
 @dataclass(slots=True)
@@ -201,7 +205,9 @@ class EngineScraper:
     async def _get(self, client: httpx.AsyncClient, backend: Backend, path: str) -> httpx.Response | str:
         headers = {"authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
         try:
-            resp = await client.get(backend.url + path, headers=headers)
+            resp = await outbound.call(
+                client, "GET", backend.url + path, deadline=PROBE_TIMEOUT, limit=ANSWER_LIMIT, headers=headers
+            )
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__} on GET {path}"
         if resp.status_code >= 500:

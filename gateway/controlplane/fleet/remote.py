@@ -28,6 +28,10 @@ cluster token:
   answer for the fleet's TTL it falls back to the default share. The host slot also carries the spool's
   state, which the workers' ``/healthz`` shows.
 
+Every call to the control plane has ``CONTROL_DEADLINE`` seconds in all, connect to the answer's last
+byte (``outbound.BlockingCaller``): httpx's per-read timeout alone let a control plane that dribbles its
+answer hold this loop, and with it the usage drain and the snapshot polls, for as long as it dribbled.
+
 I/O: HTTP to the control plane, the data directory, the shared segments.
 """
 
@@ -51,6 +55,7 @@ from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.fleet.engines import EngineScraper
 from gateway.controlplane.fleet.reports import TTL, host_report, traffic_totals
 from gateway.controlplane.fleet.spool import UsageSpool
+from gateway.controlplane.outbound import BlockingCaller
 from gateway.dataplane.tls import make_ssl_context
 from gateway.native import BucketTable, SpanRing, UsageRing
 from gateway.shm.regions import SharedRegions
@@ -73,6 +78,7 @@ BACKOFF_MAX = 30.0
 BATCH_PER_RING = 2048
 FINAL_DRAIN_SECONDS = 10.0
 BODIES_PER_POST = 8 << 20  # bytes of logged bodies a POST /cluster/bodies carries at most (about)
+CONTROL_DEADLINE = 10.0  # seconds one call to the control plane has in all, however it dribbles its answer
 
 
 def run_remote_control_worker(settings: Settings, shared: SharedRegions) -> int:
@@ -97,12 +103,14 @@ class RemoteControlWorker:
         self.body_ring = SpanRing(shared.bodies) if shared.bodies is not None else None
         self.body_rules = BodyRules()
         self.bodies_unsent = 0  # redacted bodies the control plane did not take: dropped
-        self.client = httpx.Client(
+        self.client = BlockingCaller(
             base_url=settings.control_url.rstrip("/"),
             headers={"authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(10.0, connect=2.0),
+            timeout=httpx.Timeout(CONTROL_DEADLINE, connect=2.0),
             verify=make_ssl_context(str(settings.control_ca) if settings.control_ca else None),
         )
+        # No answer worth reading is larger than a snapshot the segment could hold.
+        self.answer_limit = settings.snapshot_segment_bytes
         self.last_known_good = settings.data_dir / "last-known-good.json"
         self.etag: str | None = None
         self._stop = False
@@ -159,6 +167,9 @@ class RemoteControlWorker:
     def _on_term(self, signum: int, frame: FrameType | None) -> None:
         self._stop = True
 
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.client.request(method, path, deadline=CONTROL_DEADLINE, limit=self.answer_limit, **kwargs)
+
     # -- snapshots ---------------------------------------------------------------------------------------
     def restore_last_known_good(self) -> None:
         try:
@@ -178,7 +189,7 @@ class RemoteControlWorker:
     def sync_snapshot(self) -> None:
         headers = {"if-none-match": self.etag} if self.etag else {}
         try:
-            resp = self.client.get("/cluster/snapshot", headers=headers)
+            resp = self._call("GET", "/cluster/snapshot", headers=headers)
         except httpx.HTTPError as exc:
             self._sync_failed(f"{type(exc).__name__}: {exc}")
             return
@@ -259,8 +270,8 @@ class RemoteControlWorker:
             if "body_logs" in doc:
                 doc["body_logs"]["unsent"] = self.bodies_unsent
             body = orjson.dumps(doc)
-            resp = self.client.post(
-                "/cluster/report", content=body, headers={"content-type": "application/json"}
+            resp = self._call(
+                "POST", "/cluster/report", content=body, headers={"content-type": "application/json"}
             )
         except (httpx.HTTPError, OSError) as exc:
             log.debug("health report not sent: %s", exc)
@@ -401,8 +412,8 @@ class RemoteControlWorker:
 
     def _post_usage(self, body: bytes) -> None:
         try:
-            resp = self.client.post(
-                "/cluster/usage", content=body, headers={"content-type": "application/json"}
+            resp = self._call(
+                "POST", "/cluster/usage", content=body, headers={"content-type": "application/json"}
             )
         except httpx.HTTPError as exc:
             raise _Unanswered(f"{type(exc).__name__}: {exc}") from None
@@ -435,7 +446,8 @@ class RemoteControlWorker:
 
     def _post_bodies(self, rows: list[StoredBodies]) -> bool:
         try:
-            resp = self.client.post(
+            resp = self._call(
+                "POST",
                 "/cluster/bodies",
                 content=orjson.dumps([r.row() for r in rows]),
                 headers={"content-type": "application/json"},

@@ -10,8 +10,8 @@ has none), so ``{key=""}`` selects the principals' own.
 
 The spend is the window's live counter plus its base, read from the host's bucket table, as the request
 path enforces it. Which thresholds fired is kept in memory per budget and window: a control worker that
-restarts says once more what the current windows have already crossed. I/O: the webhook POST (``send``);
-the rest reads shared memory only.
+restarts says once more what the current windows have already crossed. I/O: the webhook POST (``send``,
+each under a total deadline: ``outbound.call``); the rest reads shared memory only.
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from typing import Any
 import httpx
 
 from gateway.budget import Budget, format_money
+from gateway.controlplane import outbound
 
 __all__ = ["Alert", "BudgetAlerts", "WatchedWindow", "send"]
 
 log = logging.getLogger("gateway.controlplane")
 
-WEBHOOK_TIMEOUT = 5.0
+WEBHOOK_DEADLINE = 5.0  # seconds one POST has in all, however the webhook dribbles its answer
+WEBHOOK_ANSWER_LIMIT = 1 << 20  # bytes of its answer read at most
 _LONGEST_WINDOW = 400 * 86400.0  # what a window's fired thresholds are remembered for, at most
 
 
@@ -171,7 +173,15 @@ async def send(client: httpx.AsyncClient, url: str, alerts: list[Alert]) -> None
     for alert in alerts:
         whose = alert.principal if alert.key is None else f"key {alert.key}"
         try:
-            resp = await client.post(url, json=alert.document(), timeout=WEBHOOK_TIMEOUT)
+            resp = await outbound.call(
+                client,
+                "POST",
+                url,
+                deadline=WEBHOOK_DEADLINE,
+                limit=WEBHOOK_ANSWER_LIMIT,
+                json=alert.document(),
+                timeout=WEBHOOK_DEADLINE,
+            )
             if resp.status_code >= 300:
                 log.warning("budget alert webhook answered HTTP %d for %s", resp.status_code, whose)
         except httpx.HTTPError as exc:

@@ -9,8 +9,9 @@ and one CLIENT child span per upstream attempt, with the GenAI semantic conventi
 
 Records wait in a bounded queue (``otel_queue``); a batch of up to ``BATCH`` goes out every second, or
 sooner once that many are waiting. A collector that is down or slow loses the spans of the batch being
-sent, and once the queue is full new ones are dropped: both are counted (``gateway_otel_spans_dropped_total``)
-and nothing is retried or queued without bound, so the request path and the usage pipeline never wait for a
+sent (a POST has ``DEADLINE`` seconds in all, however the collector dribbles its answer), and once the
+queue is full new ones are dropped: both are counted (``gateway_otel_spans_dropped_total``) and nothing
+is retried or queued without bound, so the request path and the usage pipeline never wait for a
 collector. I/O: HTTP POSTs to the collector.
 """
 
@@ -28,6 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
+from gateway.controlplane import outbound
 from gateway.usage_record import UsageRecord
 
 __all__ = ["BATCH", "OtelExporter", "spans_of"]
@@ -36,7 +38,8 @@ log = logging.getLogger("gateway.controlplane")
 
 BATCH = 512  # records per export request
 INTERVAL = 1.0  # seconds between exports when fewer than a batch are waiting
-TIMEOUT = 2.0  # seconds a collector has to take a batch
+DEADLINE = 2.0  # seconds a collector has to take a batch, the whole call (``outbound.call``)
+ANSWER_LIMIT = 1 << 20  # bytes of a collector's answer read at most (an ExportTraceServiceResponse is tiny)
 
 _SERVER, _CLIENT = Span.SpanKind.SPAN_KIND_SERVER, Span.SpanKind.SPAN_KIND_CLIENT
 _ERROR = Status.StatusCode.STATUS_CODE_ERROR
@@ -184,11 +187,15 @@ class OtelExporter:
             return 0
         spans = sum(map(span_count, batch))
         try:
-            resp = await client.post(
+            resp = await outbound.call(
+                client,
+                "POST",
                 self.endpoint,
+                deadline=DEADLINE,
+                limit=ANSWER_LIMIT,
                 content=self.encode(batch),
                 headers={"content-type": "application/x-protobuf"},
-                timeout=TIMEOUT,
+                timeout=DEADLINE,
             )
             ok, why = resp.status_code < 300, f"HTTP {resp.status_code}"
         except httpx.HTTPError as exc:
