@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from gateway.shm.bucket_keys import bucket_key
+from gateway.usage_record import MAX_FIGURE
 
 __all__ = [
     "KEY_OWNER",
@@ -113,9 +114,12 @@ class Price:
         return cls(doc[0] * 1000.0, doc[1] * 1000.0, doc[2] * 1000.0)
 
     def cost(self, prompt: int, completion: int, cached: int) -> int:
-        """Nano-units for one request; cached prompt tokens are part of ``prompt``."""
+        """Nano-units for one request, at most ``MAX_FIGURE``: an upstream may report any count up to the
+        usage parser's bound, and a cost past 2^64 could not even be encoded into the usage record, which
+        was then lost. Cached prompt tokens are part of ``prompt``."""
         cached = min(max(cached, 0), prompt)
-        return round((prompt - cached) * self.input + cached * self.cached_input + completion * self.output)
+        cost = (prompt - cached) * self.input + cached * self.cached_input + completion * self.output
+        return round(cost) if cost < MAX_FIGURE else MAX_FIGURE
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from gateway.budget import (
     period_window,
     window_key,
 )
+from gateway.usage_record import MAX_FIGURE, UsageRecord, encode_record
 
 GENERIC = 'must be "day", "month", or a fixed window such as "6h" or "7d"'
 TOO_SHORT = "a fixed window must be at least 60 seconds long"
@@ -211,6 +212,17 @@ def test_cheap_price_still_charges_a_short_prompt() -> None:
     assert price.cost(10, 0, 0) == 1500
     assert price.cost(0, 10, 0) == 6000
     assert price.cost(0, 0, 0) == 0
+
+
+def test_a_cost_no_record_could_hold_is_capped() -> None:
+    """An upstream may report counts up to the usage parser's bound (2^53): at 1,000 a million tokens that
+    costs past 2^64 nano-units, which the proxy could not encode into the usage record (it was lost)."""
+    price = Price.from_doc([1000, 1000, 1000])
+    assert price is not None
+    assert price.cost(2**53, 2**53, 0) == MAX_FIGURE
+    assert price.cost(1_000_000, 0, 0) == 1000 * 10**9  # ordinary figures are untouched
+    figures = (2**53, 2**53, 0, 2**54, "reported", price.cost(2**53, 2**53, 0))
+    encode_record(UsageRecord("r", 0.0, "p", "k", "m", "b", 200, *figures, 1.0, 1.0, None))
 
 
 def test_cost_prices_cached_prompt_tokens_apart() -> None:
