@@ -223,7 +223,12 @@ class Forwarder:
         return len(out.body) // 4 + wanted
 
     async def _relay(
-        self, proto: HTTPProtocol, resp: UpstreamResponse, translation: Translation | None, peer: Scope | None
+        self,
+        proto: HTTPProtocol,
+        answer: AnswerMeter,
+        resp: UpstreamResponse,
+        translation: Translation | None,
+        peer: Scope | None,
     ) -> None:
         """Hand the answer over untouched: whole when it has a small length and is not an event stream,
         chunk by chunk otherwise (a large whole answer too: held once, as it passes, never joined and then
@@ -231,7 +236,6 @@ class Forwarder:
         cut in the middle shows the client a short body instead of a cleanly ended one; a chunked one gets
         an error event in its protocol before its end. A translated answer goes through its translation,
         event by event when streamed."""
-        answer = answer_meter(proto)
         # A whole body's usage is whole or missing; a stream's may have stopped short of its report.
         answer.relaying(translation, resp.unframed and resp.content_type == "text/event-stream")
         headers = _response_headers(resp)
@@ -444,6 +448,7 @@ class _Attempt:
     target fails, the last error, and how many targets were tried."""
 
     __slots__ = (
+        "answer",
         "credential",
         "credential_refused",
         "error",
@@ -477,6 +482,7 @@ class _Attempt:
         self.trace = trace
         self.span = span
         self.proto = proto
+        self.answer = answer_meter(proto)  # what the answer's metering hears of this walk
         self.out = out
         self.last = count  # tries after which a failure's answer is relayed rather than kept
         self.tries = 0
@@ -600,9 +606,9 @@ class _Attempt:
             proto = self.proto
             # The record names the backend even if the client leaves; a pool's credential by name, as the
             # store keeps it (BACKEND/NAME), never its secret.
-            answer_meter(proto).answered_by(label, self.tries)
+            self.answer.answered_by(label, self.tries)
             try:
-                await fwd._relay(proto, resp, up.translation, self.peer)
+                await fwd._relay(proto, self.answer, resp, up.translation, self.peer)
             except RelayAborted:
                 if entry is not None:
                     entry.outcome = "cut"

@@ -24,7 +24,7 @@ import orjson
 from gateway.errors import BadRequest
 from gateway.protocol.bounds import MAX_DEPTH
 
-__all__ = ["MemberCounter", "count_top_members", "decode_object", "refuse_duplicates"]
+__all__ = ["MemberCounter", "count_top_members", "decode_object"]
 
 MemberCounter = Callable[[bytes], int]
 
@@ -72,18 +72,12 @@ def decode_object(body: bytes, count: MemberCounter) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
-    refuse_duplicates(body, doc, count)
-    return doc
-
-
-def refuse_duplicates(body: bytes, doc: dict[str, Any], count: MemberCounter) -> None:
-    """Raise BadRequest when ``body``'s top-level object, parsed as ``doc``, names a member twice or
-    nests deeper than ``MAX_DEPTH``."""
     members = count(body)
-    if members < 0:
-        raise BadRequest(f"request body nests objects and arrays deeper than {MAX_DEPTH} levels")
     if members != len(doc):
+        if members < 0:
+            raise BadRequest(f"request body nests objects and arrays deeper than {MAX_DEPTH} levels")
         raise BadRequest(
             "request body names a top-level member more than once (names are compared after decoding "
             'escapes, so "\\u006dodel" is "model"); send each member once'
         )
+    return doc
