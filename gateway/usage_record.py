@@ -90,27 +90,15 @@ class RouteStep(list[Any]):
         outcome: int | str | None = self[2]
         return outcome
 
-    @outcome.setter
-    def outcome(self, value: int | str | None) -> None:
-        self[2] = value
+    def answered(self, status: int, ttfb_ms: float) -> None:
+        self[2] = status
+        self[3] = ttfb_ms
 
-    @property
-    def ttfb_ms(self) -> float | None:
-        ttfb: float | None = self[3]
-        return ttfb
+    def failed(self, outcome: str) -> None:
+        self[2] = outcome
 
-    @ttfb_ms.setter
-    def ttfb_ms(self, value: float) -> None:
-        self[3] = value
-
-    @property
-    def duration_ms(self) -> float | None:
-        duration: float | None = self[4]
-        return duration
-
-    @duration_ms.setter
-    def duration_ms(self, value: float) -> None:
-        self[4] = value
+    def ended(self, duration_ms: float) -> None:
+        self[4] = duration_ms
 
     def sampled(self, span_id: str, start_ms: float) -> None:
         """A sampled request's attempt: its OpenTelemetry span id and start, after the five places."""

@@ -563,12 +563,11 @@ class _Attempt:
                     fwd.cool(backend.name, health)
                 self.error = exc
                 if entry is not None:
-                    entry.outcome = _outcome(exc)
+                    entry.failed(_outcome(exc))
                 return False
             status = self.status = resp.status
             if entry is not None:
-                entry.outcome = status
-                entry.ttfb_ms = round((time.perf_counter() - started) * 1000.0, 2)
+                entry.answered(status, round((time.perf_counter() - started) * 1000.0, 2))
             if cred is not None and status in _CREDENTIAL_REFUSALS:
                 # The key's fault, not the backend's: its health is untouched, the next key is tried.
                 fwd.credentials.refused(backend, cred, status, _response_headers(resp))
@@ -611,12 +610,12 @@ class _Attempt:
                 await fwd._relay(proto, self.answer, resp, up.translation, self.peer)
             except RelayAborted:
                 if entry is not None:
-                    entry.outcome = "cut"
+                    entry.failed("cut")
                 raise
             return True
         finally:
             if entry is not None:
-                entry.duration_ms = round((time.perf_counter() - started) * 1000.0, 2)
+                entry.ended(round((time.perf_counter() - started) * 1000.0, 2))
             health.in_flight -= 1
             fwd.load.leave(backend, place)
 
