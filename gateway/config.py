@@ -74,6 +74,9 @@ class Settings:
     cpu_affinity: str = field(default_factory=lambda: os.environ.get("GATEWAY_CPU_AFFINITY", "off"))
     engine_scrape_interval: float = 2.0  # seconds between reads of the backends' /metrics and probes; 0: off
     drain_delay: float = 0.0  # seconds /readyz says 503 before the listener closes (behind a load balancer)
+    # Then, at most this long, until no request came for a quarter second: the clients still sending on
+    # kept-alive connections are each told Connection: close before the listener closes (closing.py).
+    drain_window: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
     snapshot_poll_interval: float = 0.1  # how often a worker checks the published generation
     revision_poll_interval: float = 0.25  # how often the control worker checks the store's revision

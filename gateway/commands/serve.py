@@ -168,6 +168,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="on SIGTERM, seconds /readyz answers 503 while still accepting, so a load balancer can take "
         "the host out first (0; behind one, a few health-check intervals)",
     )
+    p.add_argument(
+        "--drain-window",
+        type=float,
+        help="after the drain delay, seconds at most the proxies keep serving clients that still send on "
+        "kept-alive connections, every answer with Connection: close, before the listener closes; it ends "
+        "sooner once no request came for 0.25 s (2)",
+    )
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
     p.add_argument(
         "--log-format",

@@ -25,6 +25,7 @@ from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.bodies import BodyBudget, BodyReader, StallWatch
 from gateway.dataplane.body_log import BodyCapture
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies, peer_address
+from gateway.dataplane.closing import ClosingProtocol
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing
 from gateway.dataplane.disconnects import DisconnectWatch
@@ -96,7 +97,8 @@ class ProxyApp:
         self.hash_key = hash_key
         self.reader = reader
         self.snapshot = Snapshot.empty()
-        self.draining = False
+        self.draining = False  # SIGTERM came: /readyz says 503, every answer says Connection: close
+        self.closing_answers = 0  # requests begun while draining (``closing.wait_quiet`` watches it)
         self.forwarder: Forwarder | None = None
         self.disconnects: DisconnectWatch | None = None  # made on the worker's loop
         self.bodies: BodyReader | None = None  # made on the worker's loop
@@ -234,6 +236,9 @@ class ProxyApp:
 
     # -- dispatch ----------------------------------------------------------------------------------
     async def __rsgi__(self, scope: Scope, proto: HTTPProtocol) -> None:
+        if self.draining:  # the client's next request goes to a fresh connection, never to this one
+            self.closing_answers += 1
+            proto = ClosingProtocol(proto)
         path: str = scope.path
         if path.startswith("/v1/"):
             self.in_flight += 1

@@ -4,8 +4,11 @@ Every proxy worker binds the same address with SO_REUSEPORT (granian does this o
 spreads connections and a dead worker takes only its own connections with it. We run granian's embedded
 server rather than its multi-process one because our supervisor must own the fork: it creates the shared
 memory first, decides restarts and backoff, and orders the drain (proxies before the control worker).
-SIGTERM stops accepting and returns once in-flight requests and streams have finished; the supervisor's
-grace period bounds that, and what is left of it lets usage records still waiting for ring space get in.
+SIGTERM first has every answer say ``Connection: close`` and keeps the listener open for the drain delay
+and then while clients still send (``closing``), so that no kept-alive connection is closed under a
+request; then it stops accepting and returns once in-flight requests and streams have finished. The
+supervisor's grace period bounds that, and what is left of it lets usage records still waiting for ring
+space get in.
 Its event loop stamps a heartbeat into its statistics slot twice a second; the supervisor replaces a worker
 whose stamp is older than ``--heartbeat-timeout``. I/O: the listening socket.
 """
@@ -33,6 +36,7 @@ from gateway.dataplane.backend_load import BackendLoad
 from gateway.dataplane.body_log import BodyLog
 from gateway.dataplane.budgets import BudgetGuard
 from gateway.dataplane.clients import ClientLimiter, TrustedProxies
+from gateway.dataplane.closing import stop_accepting, wait_quiet
 from gateway.dataplane.limits import Limiter
 from gateway.dataplane.usage_log import UsageLog
 from gateway.native import AtomicWords, BucketTable, SpanRing, UsageRing
@@ -51,6 +55,9 @@ log = logging.getLogger("gateway.dataplane")
 # every object alive: a request makes no reference cycles. 10,000 is passed only from about 400 requests
 # in flight per worker, where a collection then walks at most that many objects (about a millisecond).
 YOUNG_OBJECTS = 10_000
+# Seconds at most a draining worker that no longer accepts waits for the requests of the connections it
+# accepted last (it stops sooner, once none has come for closing.QUIET).
+SETTLE = 1.0
 
 
 def run_loop(kind: str, main: Coroutine[Any, Any, None]) -> None:
@@ -190,15 +197,29 @@ async def _serve(
         log_enabled=False,
     )
     stopping_since: list[float] = []
+    winding: list[asyncio.Task[None]] = []
+
+    async def wind_down() -> None:
+        # /readyz answers 503 and every answer says Connection: close from now on. The listener stays
+        # open for the drain delay so that a load balancer has time to notice and stop sending, then while
+        # clients still send on kept-alive connections (each is told to close by its next answer), so that
+        # granian's stop, which closes the idle ones at once, closes none under a request.
+        app.draining = True
+        await asyncio.sleep(settings.drain_delay)
+        left = max(0.0, settings.grace_period - settings.drain_delay) / 2  # half left for in-flight work
+        left -= await wait_quiet(app, min(settings.drain_window, left))
+        # Then no new connection, and a moment for those just accepted to bring their requests: hyper
+        # closes a connection whose request it has not read yet as soon as granian stops.
+        if stop_accepting(settings.port):
+            await wait_quiet(app, min(SETTLE, max(0.0, left)))
+        else:
+            log.warning("could not stop the listener from accepting: connections opened now may be cut")
+        server.stop()  # type: ignore[no-untyped-call]  # granian's embedded server has no annotations
 
     def stop() -> None:
-        if stopping_since:
-            return
-        # /readyz answers 503 from now on; the listener stays open for the drain delay so that a load
-        # balancer has time to notice and stop sending, then closes, and in-flight requests finish.
-        app.draining = True
-        stopping_since.append(time.monotonic())
-        loop.call_later(settings.drain_delay, server.stop)
+        if not stopping_since:
+            stopping_since.append(time.monotonic())
+            winding.append(loop.create_task(wind_down()))
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop)

@@ -194,6 +194,37 @@ def test_a_backend_nobody_answers_at_gets_502_with_the_request_id_and_a_record()
     asyncio.run(main())
 
 
+def test_every_answer_of_a_draining_worker_says_connection_close() -> None:
+    """From SIGTERM on (``draining``), every answer, whole or streamed, forwarded or the gateway's own,
+    says ``Connection: close`` (issue 29): hyper then closes the connection once the answer is written,
+    so the worker's stop finds no kept-alive connection to close under a request. Before, none does."""
+
+    def requests() -> list[tuple[FakeScope, FakeProto]]:
+        readyz = (FakeScope("GET", "/readyz", FakeHeaders([])), FakeProto(b""))
+        return [chat(), chat(key="sk-gw-wrong"), readyz]
+
+    async def main() -> None:
+        async with LoopbackEngine(whole(200, ANSWER)) as engine, running(engine.url) as app:
+            for scope, proto in requests():
+                await app.__rsgi__(scope, proto)
+                assert proto.header("connection") is None
+            app.draining = True
+            answered = requests()
+            for scope, proto in answered:
+                await app.__rsgi__(scope, proto)
+                assert proto.header("connection") == "close", proto.status
+            assert [proto.status for _, proto in answered] == [200, 401, 503]
+            assert app.closing_answers == 3
+        async with LoopbackEngine(chunked(STREAM, gap=0.01)) as engine, running(engine.url) as app:
+            app.draining = True
+            scope, proto = chat(stream=True)
+            await app.__rsgi__(scope, proto)
+            assert (proto.status, proto.streamed, proto.header("connection")) == (200, True, "close")
+            assert proto.answer == b"".join(STREAM)
+
+    asyncio.run(main())
+
+
 STREAM = [
     b'data: {"choices":[{"index":0,"delta":{"content":"one"}}]}\n\n',
     b'data: {"choices":[{"index":0,"delta":{"content":" two"}}]}\n\n',
