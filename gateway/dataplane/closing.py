@@ -33,10 +33,9 @@ import os
 import socket
 import struct
 import time
-from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol
 
-from gateway.dataplane.rsgi import HTTPProtocol, Transport
+from gateway.dataplane.rsgi import Transport, WrappedProtocol
 
 __all__ = ["QUIET", "ClosingProtocol", "stop_accepting", "wait_quiet"]
 
@@ -51,22 +50,10 @@ _SO_ATTACH_FILTER = 26  # linux/asm-generic/socket.h
 _DROP_ALL = ctypes.create_string_buffer(struct.pack("=HBBI", 0x06, 0, 0, 0), 8)  # struct sock_filter
 
 
-class ClosingProtocol:
+class ClosingProtocol(WrappedProtocol):
     """An RSGI protocol object whose answer, whole or streamed, says ``Connection: close``."""
 
-    __slots__ = ("_proto",)
-
-    def __init__(self, proto: HTTPProtocol) -> None:
-        self._proto = proto
-
-    def __call__(self) -> Awaitable[bytes]:
-        return self._proto()
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._proto.__aiter__()
-
-    def client_disconnect(self) -> Awaitable[None]:
-        return self._proto.client_disconnect()
+    __slots__ = ()
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self._proto.response_bytes(status, headers + _CLOSE, body)

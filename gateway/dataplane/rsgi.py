@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable
 from typing import Protocol
 
-__all__ = ["HTTPProtocol", "Headers", "Scope", "Transport"]
+__all__ = ["HTTPProtocol", "Headers", "Scope", "Transport", "WrappedProtocol"]
 
 
 class Headers(Protocol):
@@ -68,3 +68,23 @@ class HTTPProtocol(Protocol):
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes, /) -> None: ...
 
     def response_stream(self, status: int, headers: list[tuple[str, str]], /) -> Transport: ...
+
+
+class WrappedProtocol:
+    """An RSGI protocol object around another (``_proto``) that passes the request's side through as it
+    is: its body, and the notice that the client went away. Subclasses change how the answer goes out
+    (``response_bytes``, ``response_stream``): the tap that meters it, the drain's ``Connection: close``."""
+
+    __slots__ = ("_proto",)
+
+    def __init__(self, proto: HTTPProtocol) -> None:
+        self._proto = proto
+
+    def __call__(self) -> Awaitable[bytes]:
+        return self._proto()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._proto.__aiter__()
+
+    def client_disconnect(self) -> Awaitable[None]:
+        return self._proto.client_disconnect()

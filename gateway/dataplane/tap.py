@@ -16,12 +16,12 @@ I/O: none of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 from functools import partial
 from typing import Literal, Protocol
 
 from gateway.dataplane.relay import send_now
-from gateway.dataplane.rsgi import HTTPProtocol, Transport
+from gateway.dataplane.rsgi import HTTPProtocol, Transport, WrappedProtocol
 from gateway.dataplane.stream_tail import StreamTail
 from gateway.dataplane.usage_withhold import WithheldUsage
 from gateway.native import Usage, parse_usage
@@ -85,9 +85,8 @@ def answer_meter(proto: HTTPProtocol) -> AnswerMeter:
     return proto if isinstance(proto, ResponseTap) else UNTAPPED
 
 
-class ResponseTap:
+class ResponseTap(WrappedProtocol):
     __slots__ = (
-        "_proto",
         "attempts",
         "backend",
         "cut",
@@ -133,15 +132,6 @@ class ResponseTap:
         # Delimited by the connection's close: its end may have been a cut nobody could see, so what was
         # relayed is weighed against what the engine reported, as for a cut one.
         self.unframed = False
-
-    def __call__(self) -> Awaitable[bytes]:
-        return self._proto()
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._proto.__aiter__()
-
-    def client_disconnect(self) -> Awaitable[None]:
-        return self._proto.client_disconnect()
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         self.started = time.perf_counter()
