@@ -42,8 +42,14 @@ class Watched:
             self.task.cancel()
 
     def disarm(self) -> None:
-        if self.watcher is not None:
-            self.watcher.cancel()
+        watcher = self.watcher
+        if watcher is not None:
+            # Let go of the task before cancelling it: the cancelled watch keeps its CancelledError, whose
+            # traceback holds the watch's frame and so this object; still holding the task, that is a
+            # cycle, which the worker's rare full collections left holding the request's answer (a
+            # translated Responses stream's whole text: ~4 MiB a request kept, issue 29).
+            self.watcher = None
+            watcher.cancel()
 
 
 class DisconnectWatch:
