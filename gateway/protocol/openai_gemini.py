@@ -370,7 +370,12 @@ def response_to_openai(body: bytes, model: str, *, created: int | None = None) -
         finish = _finish(candidate.get("finishReason"), bool(calls))
         choices.append({"index": index, "message": message, "logprobs": None, "finish_reason": finish})
     if not choices:
-        # The prompt itself was blocked (promptFeedback.blockReason): nothing was generated.
+        # The prompt itself was blocked (promptFeedback.blockReason): nothing was generated, and the client
+        # is told so (content_filter). An answer with neither is not one Gemini gives: 502, as the other
+        # translators answer a body their protocol does not allow.
+        feedback = doc.get("promptFeedback")
+        if not (isinstance(feedback, dict) and feedback.get("blockReason")):
+            raise BadUpstreamResponse("the backend's answer has no candidates and no prompt feedback")
         message = {"role": "assistant", "content": None, "refusal": None}
         choices.append({"index": 0, "message": message, "logprobs": None, "finish_reason": "content_filter"})
     meta = doc.get("usageMetadata")

@@ -391,8 +391,18 @@ def _usage(usage: Any) -> dict[str, Any]:
     }
 
 
+# Chat completions' finish reasons that end a Response short, with the reason its incomplete_details give.
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
 def _response(
-    rid: str, model: str, created: int, echo: Echo, output: list[dict[str, Any]], status: str
+    rid: str,
+    model: str,
+    created: int,
+    echo: Echo,
+    output: list[dict[str, Any]],
+    status: str,
+    incomplete: str | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": "resp_" + rid,
@@ -400,7 +410,7 @@ def _response(
         "created_at": created,
         "status": status,
         "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "incomplete_details": {"reason": incomplete} if incomplete is not None else None,
         "model": model,
         "output": output,
         "previous_response_id": None,
@@ -488,9 +498,9 @@ def response_from_chat(body: bytes, model: str, echo: Echo, *, created: int | No
         if not isinstance(arguments, str):
             arguments = "{}"
         output.append(_call_item(f"{rid}_{n}", call_id, name, arguments, name in echo.custom_tools))
-    status = "incomplete" if choice.get("finish_reason") == "length" else "completed"
+    incomplete = _INCOMPLETE.get(choice.get("finish_reason"))  # type: ignore[arg-type]
     when = created if created is not None else _int(doc.get("created")) or int(time.time())
-    out = _response(rid, model, when, echo, output, status)
+    out = _response(rid, model, when, echo, output, "incomplete" if incomplete else "completed", incomplete)
     out["usage"] = _usage(doc.get("usage"))
     return orjson.dumps(out)
 
@@ -544,11 +554,11 @@ class StreamToResponses(EventTranslator):
         self._seq += 1
         out.append(encode_event(obj["type"], orjson.dumps(obj)))
 
-    def _base(self, status: str) -> dict[str, Any]:
+    def _base(self, status: str, incomplete: str | None = None) -> dict[str, Any]:
         created = self._created if self._created is not None else int(time.time())
         self._created = created
         output = [item for item in self._output if item is not None]
-        return _response(self._id, self.model, created, self.echo, output, status)
+        return _response(self._id, self.model, created, self.echo, output, status, incomplete)
 
     def _start(self, doc: dict[str, Any], out: list[bytes]) -> None:
         self._started = True
@@ -737,8 +747,9 @@ class StreamToResponses(EventTranslator):
             self._start({}, out)
         self._close_text(out)
         self._close_calls(out)
-        status = "incomplete" if self._finish == "length" else "completed"
-        response = self._base(status)
+        incomplete = _INCOMPLETE.get(self._finish) if self._finish is not None else None
+        status = "incomplete" if incomplete else "completed"
+        response = self._base(status, incomplete)
         response["usage"] = self._usage if self._usage is not None else _usage(None)
         self._emit(out, {"type": "response." + status, "response": response})
         self._done = True

@@ -271,3 +271,26 @@ def test_retrieving_a_stored_response_bills_nothing(env: Env) -> None:
     rec = env.record_of(before)
     assert (rec.model, rec.status, rec.usage_source) == ("native", 200, "reported")
     assert (rec.prompt_tokens, rec.completion_tokens, rec.total_tokens) == (0, 0, 0)
+
+
+def test_a_gemini_answer_without_candidates(env: Env) -> None:
+    """Issue 29: Gemini JSON with no candidates became a 200 ``completed`` Response with empty output, where
+    the other translators answer 502. A prompt Gemini blocked is an ``incomplete`` Response (and a chat
+    completion ended by ``content_filter``); an answer with neither candidates nor a block is 502."""
+    engine = env.engines["gem"]
+    headers = {"authorization": f"Bearer {env.key}"}
+    chat = {"model": "gem", "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        engine.configure(raw_response='{"usageMetadata": {"promptTokenCount": 3, "totalTokenCount": 3}}')
+        resp = httpx.post(env.gw.url + "/v1/responses", json={"model": "gem", "input": "hi"}, headers=headers)
+        assert resp.status_code == 502 and resp.json()["error"]["code"] == "bad_upstream_response"
+        resp = httpx.post(env.gw.url + "/v1/chat/completions", json=chat, headers=headers)
+        assert resp.status_code == 502 and resp.json()["error"]["code"] == "bad_upstream_response"
+        engine.configure(raw_response='{"promptFeedback": {"blockReason": "SAFETY"}}')
+        got = env.client.responses.create(model="gem", input="hi")
+        assert got.status == "incomplete" and got.output == []
+        assert got.incomplete_details is not None and got.incomplete_details.reason == "content_filter"
+        resp = httpx.post(env.gw.url + "/v1/chat/completions", json=chat, headers=headers)
+        assert resp.status_code == 200 and resp.json()["choices"][0]["finish_reason"] == "content_filter"
+    finally:
+        engine.reset()

@@ -95,7 +95,19 @@ def test_response_without_response_id_gets_unique_ids() -> None:
     )
 
 
-@pytest.mark.parametrize("body", [b"", b"[]", b"<html>"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"[]",
+        b"<html>",
+        # Neither candidates nor a blocked prompt: no answer Gemini gives (issue 29: it became an empty
+        # "completed" Response and a chat completion with nothing in it).
+        b"{}",
+        b'{"candidates": [], "usageMetadata": {"promptTokenCount": 3}}',
+        b'{"promptFeedback": {"safetyRatings": []}}',
+    ],
+)
 def test_response_that_is_not_json(body: bytes) -> None:
     with pytest.raises(BadUpstreamResponse):
         response_to_openai(body, "m")

@@ -488,3 +488,39 @@ def test_the_recorded_codex_turn_goes_on_to_anthropic_and_gemini() -> None:
     assert [c["role"] for c in gemini["contents"]] == ["user", "model", "user"]
     names = {f["name"] for f in gemini["tools"][0]["functionDeclarations"]}
     assert names == {t["function"]["name"] for t in orjson.loads(chat)["tools"]}
+
+
+def test_a_filtered_answer_is_an_incomplete_response() -> None:
+    """A chat completion ended by the content filter (a Gemini prompt blocked for safety, an engine's own
+    filter) is an ``incomplete`` Response whose reason says so, whole or streamed, never an empty
+    ``completed`` one."""
+    chat = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "content_filter"}
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 0, "total_tokens": 5},
+    }
+    whole = orjson.loads(response_from_chat(orjson.dumps(chat), "m", NO_ECHO))
+    assert whole["status"] == "incomplete"
+    assert whole["incomplete_details"] == {"reason": "content_filter"}
+    RESPONSE.model_validate(whole)
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    stream = StreamToResponses("m", NO_ECHO)
+    events = (
+        stream.feed(
+            b"data: "
+            + orjson.dumps(
+                {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "content_filter"}]}
+            )
+            + b"\n\ndata: [DONE]\n\n"
+        )
+        + stream.finish()
+    )
+    last = orjson.loads(events.rstrip().rsplit(b"\ndata: ", 1)[1])
+    assert last["type"] == "response.incomplete"
+    assert last["response"]["incomplete_details"] == {"reason": "content_filter"}
+    EVENT.validate_python(last)
