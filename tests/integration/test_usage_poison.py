@@ -4,6 +4,7 @@ stored with every figure in bounds; the requests after it are stored as usual.""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,7 @@ import orjson
 
 from gateway.config import Settings
 from gateway.controlplane.store import open_store
-from gateway.usage_record import MAX_FIGURE, UsageRecord
+from gateway.usage_record import MAX_FIGURE, UsageRecord, encode_record
 from tests.fixtures.processes import Gateway, basic_config, free_port, wait_until
 from tests.fixtures.upstream import OK, RawUpstream
 from tests.integration.test_metrics import scrape, total
@@ -97,3 +98,61 @@ def test_usage_figures_no_column_holds_leave_the_gateway_serving(tmp_path: Path)
     finally:
         gw.stop()
         upstream.stop()
+
+
+def test_a_hostile_cluster_batch_is_stored_clamped_or_set_aside(tmp_path: Path) -> None:
+    """What a remote proxy host (or anyone holding the cluster token) sends is not bounded by this host's
+    proxies: figures past a signed 64-bit column, records of the wrong shape. The control plane stores the
+    batch's good records, clamps and flags what no column holds, sets the rest aside, and goes on."""
+    admin_port = free_port()
+    token = "t" * 32
+    env = {"GATEWAY_CLUSTER_TOKEN": token, "GATEWAY_HASH_KEY": "ab" * 32}
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": "http://127.0.0.1:1"}),
+        workers=1,
+        extra=("--role", "control", "--admin-port", str(admin_port)),
+        env=env,
+        wait=False,
+    )
+    admin = f"http://127.0.0.1:{admin_port}"
+    auth = {"authorization": f"Bearer {token}"}
+    try:
+        wait_until(
+            lambda: httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200,
+            what="control plane",
+        )
+        now = time.time()
+
+        def record(request_id: str, prompt: int, cost: int) -> list[object]:
+            fields = UsageRecord(
+                request_id, now, "p", "k", "m", "b", 200, prompt, 1, 0, 2, "reported", cost, 1.0, 1.0, None
+            )
+            return list(orjson.loads(encode_record(fields)))
+
+        batch = [
+            record("fine", 3, 10),
+            record("huge", 2**63 + 5, 2**64 - 1),  # fits the batch's JSON, not a signed 64-bit column
+            ["not", "a", "record"],
+            "garbage",
+        ]
+        resp = httpx.post(admin + "/cluster/usage", content=orjson.dumps(batch), headers=auth, timeout=10)
+        assert resp.status_code == 200, resp.text
+        with open_store(Settings(data_dir=gw.data_dir)) as store:
+            stored = {r.request_id: r for r in store.usage.records(limit=10)}
+            assert stored["fine"].prompt_tokens == 3
+            assert (stored["huge"].prompt_tokens, stored["huge"].cost_nanos) == (MAX_FIGURE, MAX_FIGURE)
+            assert [c[0] for c in store.usage.clamped(limit=10)] == ["huge"]
+        listed = orjson.loads(gw.cli("usage", "rejected", "--json").stdout)
+        assert len(listed["rejected"]) == 2 and {r["source"] for r in listed["rejected"]} == {"cluster"}
+        metrics = scrape(admin)
+        assert total(metrics, "gateway_usage_records_rejected_total") == 2
+        # The same batch again adds nothing: stored once, set aside once.
+        resp = httpx.post(admin + "/cluster/usage", content=orjson.dumps(batch), headers=auth, timeout=10)
+        assert resp.status_code == 200
+        with open_store(Settings(data_dir=gw.data_dir)) as store:
+            assert len(store.usage.records(limit=10)) == 2
+        assert len(orjson.loads(gw.cli("usage", "rejected", "--json").stdout)["rejected"]) == 2
+        assert httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200
+    finally:
+        gw.stop()
