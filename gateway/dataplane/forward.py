@@ -351,9 +351,14 @@ async def _relay_translated(
         async for chunk in resp:
             data = translation.feed(chunk)
             if resp.ended:  # the engine's last piece: the translation ends with it
-                data += translation.finish()
+                # Sent apart rather than appended: a Response's last events repeat its whole text, and
+                # appending would copy them all once more.
                 finished = True
+                tail = translation.finish()
                 answer.end()
+                if data:
+                    await transport.send_bytes(data)
+                data = tail
             if data:
                 await transport.send_bytes(data)
                 pace.sent += len(data)

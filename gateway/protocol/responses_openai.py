@@ -505,6 +505,28 @@ def response_from_chat(body: bytes, model: str, echo: Echo, *, created: int | No
     return orjson.dumps(out)
 
 
+class _Gathered:
+    """The text of an item being streamed, gathered for its ``done`` events. Deltas are a few characters
+    each, and a list of them holds about 15 times the text (a string object and a pointer per delta); the
+    list is folded into one string every ``_FOLD`` deltas, so a long answer costs about its own size."""
+
+    __slots__ = ("_parts",)
+
+    _FOLD = 512
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def append(self, delta: str) -> None:
+        parts = self._parts
+        parts.append(delta)
+        if len(parts) > self._FOLD:
+            self._parts = ["".join(parts)]
+
+    def value(self) -> str:
+        return "".join(self._parts)
+
+
 class _Open:
     """One output item being streamed: its index in ``output``, its kind and what it has gathered."""
 
@@ -514,7 +536,7 @@ class _Open:
         self.index = index
         self.kind = kind  # "message" | "reasoning" | "call"
         self.item_id = item_id
-        self.text: list[str] = []
+        self.text = _Gathered()
         self.call_id = ""
         self.name = ""
         self.custom = False
@@ -674,7 +696,7 @@ class StreamToResponses(EventTranslator):
         if item is None:
             return
         self._open = None
-        text = "".join(item.text)
+        text = item.text.value()
         base = {"item_id": item.item_id, "output_index": item.index, "content_index": 0}
         if item.kind == "reasoning":
             done = _reasoning_item(item.item_id[3:], text)
@@ -719,7 +741,7 @@ class StreamToResponses(EventTranslator):
 
     def _close_calls(self, out: list[bytes]) -> None:
         for item in self._calls.values():
-            done = _call_item(item.item_id, item.call_id, item.name, "".join(item.text), item.custom)
+            done = _call_item(item.item_id, item.call_id, item.name, item.text.value(), item.custom)
             base = {"item_id": done["id"], "output_index": item.index}
             if item.custom:
                 self._emit(

@@ -159,7 +159,9 @@ def encode_event(event: str | None, data: bytes) -> bytes:
     (JSON from orjson never has a raw newline, so that is the one line), then the blank line."""
     head = b"event: " + event.encode() + b"\n" if event is not None else b""
     if b"\n" not in data and b"\r" not in data:
-        return head + b"data: " + data + b"\n\n"
+        # One copy of ``data``, however large (a Response's last events repeat its whole text); adding the
+        # pieces up would copy it once per ``+``.
+        return b"".join((head, b"data: ", data, b"\n\n"))
     lines = _EOL.split(data)
     return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
 

@@ -524,3 +524,27 @@ def test_a_filtered_answer_is_an_incomplete_response() -> None:
     assert last["type"] == "response.incomplete"
     assert last["response"]["incomplete_details"] == {"reason": "content_filter"}
     EVENT.validate_python(last)
+
+
+def test_a_long_stream_holds_about_its_text() -> None:
+    """The text a streamed Response gathers for its closing events is held at about its own size: kept as
+    one string object per delta, a 4 MB answer of four-character deltas held 15 times that (issue 29, case
+    5: "peak ~10x the answer"), before the closing events even began."""
+    import tracemalloc
+
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    delta = b"data: " + orjson.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": " tok"}}]})
+    piece = (delta + b"\n\n") * 1000
+    stream = StreamToResponses("m", NO_ECHO)
+    tracemalloc.start()
+    try:
+        for _ in range(100):  # 100,000 deltas: 400 KB of text
+            stream.feed(piece)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 3 * 400_000
+    end = {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    events = stream.feed(b"data: " + orjson.dumps(end) + b"\n\ndata: [DONE]\n\n") + stream.finish()
+    last = orjson.loads(events.rstrip().rsplit(b"\ndata: ", 1)[1])
+    assert last["response"]["output"][0]["content"][0]["text"] == " tok" * 100_000
