@@ -310,11 +310,13 @@ MAX_FIGURE = 2**53
 _SQL_INT = 2**31 - 1  # an SQL INTEGER: 32 bits on PostgreSQL
 _MS = float(MAX_FIGURE)
 _FIGURES = tuple(
-    UsageRecord._fields.index(f) for f in ("prompt_tokens", "completion_tokens", "cached_tokens")
+    map(
+        UsageRecord._fields.index,
+        ("prompt_tokens", "completion_tokens", "cached_tokens", "total_tokens", "cost_nanos"),
+    )
 )
-_FIGURES += (UsageRecord._fields.index("total_tokens"), UsageRecord._fields.index("cost_nanos"))
-_SMALL = (UsageRecord._fields.index("status"), UsageRecord._fields.index("attempts"))
-_TIMES = (UsageRecord._fields.index("latency_ms"), UsageRecord._fields.index("ttfb_ms"))
+_SMALL = tuple(map(UsageRecord._fields.index, ("status", "attempts")))
+_TIMES = tuple(map(UsageRecord._fields.index, ("latency_ms", "ttfb_ms")))
 
 
 def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:

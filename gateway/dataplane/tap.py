@@ -129,8 +129,8 @@ class ResponseTap(WrappedProtocol):
         self.attempts = 0
         self.relayed = 0  # bytes of a streamed answer handed to the client
         self.cut: Cut | None = None  # when a started answer ended short
-        # Delimited by the connection's close: its end may have been a cut nobody could see, so what was
-        # relayed is weighed against what the engine reported, as for a cut one.
+        # A stream delimited by the connection's close: its end may have been a cut nobody could see, so
+        # settling looks at its last bytes for its protocol's end (``ended_short``).
         self.unframed = False
 
     def response_bytes(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
@@ -185,18 +185,18 @@ class ResponseTap(WrappedProtocol):
         return None
 
     def ended_short(self) -> bool:
-        """A stream delimited by the connection's close whose last bytes hold no end of the client's
-        protocol (``[DONE]``, ``message_stop``, a Response's last event): it was cut where nobody could
-        see it. Only such streams pay for the look (one search of the 4 KiB tail)."""
+        """Whether a stream delimited by the connection's close (``unframed``; settling asks only of
+        those) was cut where nobody could see it: its last bytes hold no end of the client's protocol
+        (``[DONE]``, ``message_stop``, a Response's last event). One search of the 4 KiB tail."""
         tail = self.tail
-        if not self.unframed or tail is None:
+        if tail is None:
             return False
         last = tail.getvalue()
         return not any(marker in last for marker in _ENDS)
 
     def relayed_usage(self, prompt_estimate: int) -> tuple[int, int] | None:
-        """(prompt, completion) tokens of a streamed answer that ended short (or may have: ``unframed``)
-        without its usage report, estimated from what was relayed; None when nothing was."""
+        """(prompt, completion) tokens of a streamed answer that ended short without its usage report,
+        estimated from what was relayed; None when nothing was."""
         tail = self.tail
         if tail is None or not self.relayed or getattr(self.meter, "unbilled", False):
             return None
