@@ -82,6 +82,11 @@ class Settings:
     revision_poll_interval: float = 0.25  # how often the control worker checks the store's revision
     snapshot_segment_bytes: int = field(default_factory=lambda: _env_int("GATEWAY_SNAPSHOT_BYTES", 64 << 20))
     bucket_capacity: int = 65536  # slots in the shared token-bucket table (64 bytes each)
+    # (block, backend) pairs the host's prefix index keeps for cache_aware pools (16 bytes each; a power
+    # of two): size it like the engines' caches together, in blocks (pages never written take no memory)
+    prefix_index_entries: int = field(
+        default_factory=lambda: _env_int("GATEWAY_PREFIX_INDEX_ENTRIES", 1 << 20)
+    )
     default_completion_tokens: int = 512  # reserved per request without max_tokens, settled after
     disconnect_watch_after: float = 0.25  # seconds a request runs before client disconnects are watched
     backpressure: int = 16384  # concurrent connections per worker granian accepts (idle ones included)

@@ -9,7 +9,9 @@
  *   - usage_ring.c: single-producer/single-consumer rings of records (usage records in one slot each, body
  *     logs across several) in such memory, one ring per producer process and one consumer for all of them;
  *   - json_member.c: where a top-level member's string value sits in a JSON body (to rewrite the model
- *     name without touching any other byte).
+ *     name without touching any other byte);
+ *   - prefix_index.c: chained hashes of a prompt's blocks, and a bounded, shared index of which backend
+ *     was sent which of them (what prefix-cache-aware routing reads).
  *
  * No function here allocates, blocks, or performs I/O; the only system call is clock_gettime.
  *
@@ -244,6 +246,32 @@ int64_t gw_ring_read_spans(const char *base, size_t size, uint64_t ring, char *o
 
 /* *out = the records the producer of `ring` dropped (gw_ring_push_span), ever. */
 int gw_ring_dropped(const char *base, size_t size, uint64_t ring, uint64_t *out);
+
+/* ---- prefix_index.c ------------------------------------------------------------------------------- */
+
+/* Bytes an index of `entries` slots needs (a power of two in [8, 2^28]); 0 when `entries` is not one. */
+uint64_t gw_pix_region_size(uint64_t entries);
+
+/* Zero and lay out an index in base[0, size); `secret` seeds every block hash (a host's own). */
+int gw_pix_init(char *base, size_t size, uint64_t entries, uint64_t secret);
+
+/* The slots of an initialised index, or GW_EREGION. */
+int64_t gw_pix_entries(const char *base, size_t size);
+
+/* The chained hashes of the first min(len / block, max_out) whole blocks of data into out: out[i] covers
+ * data[0, (i + 1) * block). Returns how many were written. */
+int64_t gw_pix_hash_blocks(const char *base, size_t size, const char *data, size_t len, uint32_t block,
+                           uint64_t *out, uint32_t max_out);
+
+/* How many leading blocks of hashes[0, n) the index holds for `target` (a hash naming the backend). */
+int64_t gw_pix_match(const char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
+
+/* Note that `target` was sent hashes[0, n), evicting the least recently used pair of a full set; returns
+ * how many pairs were evicted. */
+int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
+
+/* out[0] = insert calls, out[1] = pairs inserted or refreshed, out[2] = pairs evicted, ever. */
+int gw_pix_stats(const char *base, size_t size, uint64_t *out);
 
 /* cffi:end */
 

@@ -175,6 +175,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "kept-alive connections, every answer with Connection: close, before the listener closes; it ends "
         "sooner once no request came for 0.25 s (2)",
     )
+    p.add_argument(
+        "--prefix-index-entries",
+        type=int,
+        help="(block, backend) pairs the host's prefix index keeps for cache_aware pools, a power of two; "
+        "16 bytes each (1048576, env GATEWAY_PREFIX_INDEX_ENTRIES)",
+    )
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL"), help="debug|info|warning")
     p.add_argument(
         "--log-format",

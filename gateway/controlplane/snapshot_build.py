@@ -298,6 +298,7 @@ def _pools(routing: RoutingRows, routes: dict[str, dict[str, Any]], skip: _Skips
             "targets": targets,
             "prefix_bytes": pool.prefix_bytes,
             "max_inflight": pool.max_inflight,
+            **({"cache": dict(pool.cache)} if pool.cache else {}),
         }
     return out
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from gateway.errors import GateFull
-from gateway.native import BucketTable
+from gateway.native import BucketTable, PrefixIndex
 from gateway.routing.load import EngineState, engine_states
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.holdings import Holdings
@@ -49,7 +49,11 @@ class Place:
 
 class BackendLoad:
     def __init__(
-        self, table: BucketTable | None, holdings: Holdings | None, stats: WorkerStats | None = None
+        self,
+        table: BucketTable | None,
+        holdings: Holdings | None,
+        stats: WorkerStats | None = None,
+        prefix: PrefixIndex | None = None,
     ) -> None:
         self.table = table
         self.holdings = holdings
@@ -63,6 +67,12 @@ class BackendLoad:
         self._freed = asyncio.Event()
         self._waiting = 0  # requests of this worker waiting for a gate
         self._engine_seq = b""
+        self._prefix = prefix
+
+    def prefix_index(self) -> PrefixIndex | None:
+        if self._prefix is None:  # no host segment (a worker under test): this process's own, made once
+            self._prefix = PrefixIndex.private()
+        return self._prefix
 
     # -- Load (gateway.routing.load) -------------------------------------------------------------------
     def in_flight(self, backend: str) -> int:

@@ -39,7 +39,7 @@ from gateway.dataplane.clients import ClientLimiter, TrustedProxies
 from gateway.dataplane.closing import stop_accepting, wait_quiet
 from gateway.dataplane.limits import Limiter
 from gateway.dataplane.usage_log import UsageLog
-from gateway.native import AtomicWords, BucketTable, SpanRing, UsageRing
+from gateway.native import AtomicWords, BucketTable, PrefixIndex, SpanRing, UsageRing
 from gateway.shm.holdings import Holdings
 from gateway.shm.regions import SharedRegions
 from gateway.shm.snapshot_slot import SnapshotReader
@@ -87,7 +87,9 @@ def run_proxy_worker(settings: Settings, shared: SharedRegions, index: int, hash
     bodies = BodyLog(SpanRing(shared.bodies), index) if shared.bodies is not None else None
     accounting = Accounting(limiter, BudgetGuard(table, shared.epoch), usage, settings, bodies)
     stats = WorkerStats(shared.stats)
-    load = BackendLoad(table, holdings, stats)
+    load = BackendLoad(
+        table, holdings, stats, PrefixIndex(shared.prefix) if shared.prefix is not None else None
+    )
     clients = ClientLimiter(
         table,
         holdings,

@@ -13,7 +13,9 @@ What it offers:
   each;
 - ``UsageRing`` and ``ring_region_size``: single-producer/single-consumer rings of small records (usage
   records) in a shared region, one ring per producing worker and one consumer for all rings; ``SpanRing``,
-  the same rings carrying records longer than a slot (body logs).
+  the same rings carrying records longer than a slot (body logs);
+- ``PrefixIndex``: chained hashes of a prompt's blocks and a bounded, shared index of which backend was
+  sent which of them (what prefix-cache-aware routing reads).
 
 Like psycopg, the environment variable ``GATEWAY_PURE_PYTHON=1`` (read once, at import) selects the
 pure-Python usage parser and tail buffer, and the package then imports even where the extension is not
@@ -51,6 +53,7 @@ from gateway.native._ffi import (
     RegionError,
 )
 from gateway.native._json import model_span, model_span_c, top_members, top_members_c
+from gateway.native._prefix import Blocks, IndexStats, PrefixIndex, prefix_region_size
 from gateway.native._rings import SpanRing, UsageRing, ring_region_size
 from gateway.native._shared import AtomicWords
 from gateway.native._usage import TailBuffer, parse_usage, parse_usage_c
@@ -70,12 +73,15 @@ __all__ = [
     "REFUSED",
     "AdmissionPlan",
     "AtomicWords",
+    "Blocks",
     "BucketTable",
     "BucketTableFull",
     "BudgetWindows",
+    "IndexStats",
     "NativeError",
     "NativeUnavailable",
     "Peek",
+    "PrefixIndex",
     "RegionError",
     "SpanRing",
     "TailBuffer",
@@ -87,6 +93,7 @@ __all__ = [
     "model_span_c",
     "parse_usage",
     "parse_usage_c",
+    "prefix_region_size",
     "region_size",
     "ring_region_size",
     "top_members",

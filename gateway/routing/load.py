@@ -2,16 +2,20 @@
 
 ``Load`` is the interface the rules and pool policies read: requests in flight per backend (shared across a
 host's workers), the engine's own figures from its ``/metrics`` (scraped in the background by the host's
-control slot), the gate's current ceiling, and whether a backend may be tried at all (active probes and
-passive health). The data plane implements it over shared memory (``gateway.dataplane.backend_load``); the
-dry run and the tests use ``StaticLoad``. ``EngineState`` is one backend's line of the engine document the
-scraper publishes (``gateway.controlplane.fleet.engines``). No I/O here.
+control slot), the gate's current ceiling, whether a backend may be tried at all (active probes and
+passive health), and the host's index of which backend was sent which prompt blocks. The data plane
+implements it over shared memory (``gateway.dataplane.backend_load``); the dry run and the tests use
+``StaticLoad``. ``EngineState`` is one backend's line of the engine document the scraper publishes
+(``gateway.controlplane.fleet.engines``). No I/O here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gateway.native import PrefixIndex
 
 __all__ = ["EngineState", "Load", "StaticLoad", "engine_states"]
 
@@ -59,6 +63,10 @@ class Load(Protocol):
 
     def available(self, backend: str) -> bool: ...
 
+    def prefix_index(self) -> PrefixIndex | None:
+        """Which backend was sent which prompt blocks (host-wide), for ``cache_aware``; None: not kept."""
+        ...
+
     @property
     def degraded(self) -> bool:
         """True when some backend is not ``available``: only then do targets need filtering."""
@@ -72,12 +80,16 @@ class StaticLoad:
     flights: dict[str, int] = field(default_factory=dict)
     engines: dict[str, EngineState] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
+    index: PrefixIndex | None = None
 
     def in_flight(self, backend: str) -> int:
         return self.flights.get(backend, 0)
 
     def engine(self, backend: str) -> EngineState | None:
         return self.engines.get(backend)
+
+    def prefix_index(self) -> PrefixIndex | None:
+        return self.index
 
     def available(self, backend: str) -> bool:
         if backend in self.down:

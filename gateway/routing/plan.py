@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.budget import Price
 from gateway.routing.load import Load
-from gateway.routing.policies import make_policy
+from gateway.routing.policies import CacheTuning, make_policy
 from gateway.routing.pools import Pool, Step
 from gateway.routing.rules import Facts, Rule
 from gateway.routing.targets import Backend, Target
@@ -100,6 +100,7 @@ def compile_pools(
             weights,
             int(p.get("prefix_bytes") or 512),
             p.get("max_inflight"),
+            CacheTuning(**(p.get("cache") or {})),
         )
         pools[name] = Pool(name, policy)
     return pools

@@ -13,6 +13,15 @@ the fallback the forwarder walks if the first fails.
 - ``engine_load``: fewest ``num_requests_waiting``, then fewest running, then least KV-cache use, from the
   engines' own metrics; running is the larger of the engine's count (a scrape old) and the host's own
   in-flight count (exact now), and a backend without metrics is ranked by the in-flight count alone.
+- ``cache_aware``: the backend whose engine most likely holds the longest prefix of this prompt, weighed
+  against its load. The prompt is rendered as the engine sees it (``gateway.routing.prompt_prefix``) and
+  cut into ``block_bytes`` blocks with chained hashes; the host's ``PrefixIndex`` says how many leading
+  blocks each backend was sent before. Each target costs the bytes it would have to prefill (the prompt
+  less its matched blocks) plus ``load_cost`` bytes per request it has in flight (this host's count, exact,
+  or the engine's running count when larger, plus the engine's waiting queue). The balance rule comes
+  first: a target loaded more than ``balance_abs`` requests above the least-loaded and more than
+  ``balance_rel`` times it goes after every target that is not. Cheapest first, ties in turn; the chosen
+  target's blocks are then noted in the index.
 
 State (rotation counters, weights' credit) is per worker and per snapshot generation. No I/O here.
 """
@@ -20,18 +29,20 @@ State (rotation counters, weights' credit) is per worker and per snapshot genera
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
 from gateway.routing.load import Load
+from gateway.routing.prompt_prefix import rendered_prompt
 
 if TYPE_CHECKING:
     from gateway.routing.targets import Target
 
-__all__ = ["POLICIES", "Policy", "backend_hash", "make_policy"]
+__all__ = ["POLICIES", "CacheTuning", "Policy", "backend_hash", "engine_load", "make_policy", "target_hash"]
 
-POLICIES = ("round_robin", "weighted", "least_inflight", "prefix_affinity", "engine_load")
+POLICIES = ("round_robin", "weighted", "least_inflight", "prefix_affinity", "engine_load", "cache_aware")
 DEFAULT_PREFIX_BYTES = 512
 _MASK = (1 << 64) - 1
 
@@ -161,12 +172,75 @@ class EngineLoad(Policy):
         return tuple(sorted(self._rotated(), key=rank))
 
 
+@dataclass(frozen=True, slots=True)
+class CacheTuning:
+    """``cache_aware``'s knobs (the pool's fields of the same names)."""
+
+    block_bytes: int = 64  # about 16 tokens: an engine's KV block
+    load_cost: int = 1024  # bytes of prefill one request in flight is worth
+    balance_abs: int = 8
+    balance_rel: float = 1.5
+
+
+def target_hash(target: Target) -> int:
+    """What names a target in the prefix index: its backend and the model it is asked for there (an engine
+    caches per model)."""
+    name = f"{target.backend.name}\0{target.upstream_model}".encode()
+    return int.from_bytes(blake3(name).digest(8), "little")
+
+
+def engine_load(target: Target, load: Load) -> int:
+    """Requests ahead of a new one on ``target``'s engine: this host's in flight (exact now) or the
+    engine's running count (a scrape old, but counting other hosts') when larger, plus its waiting queue."""
+    name = target.backend.name
+    flying = load.in_flight(name)
+    state = load.engine(name)
+    if state is None or state.waiting is None:
+        return flying
+    running = state.running or 0
+    return (running if running > flying else flying) + state.waiting
+
+
+class CacheAware(Policy):
+    __slots__ = ("keys", "tuning")
+
+    def __init__(self, name: str, targets: tuple[Target, ...], tuning: CacheTuning) -> None:
+        super().__init__(name, targets)
+        self.tuning = tuning
+        self.keys = tuple(target_hash(t) for t in targets)
+
+    def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
+        targets, keys, tuning = self.targets, self.keys, self.tuning
+        n = len(targets)
+        start = self.cursor % n
+        self.cursor = start + 1
+        index = load.prefix_index()
+        prompt = rendered_prompt(body) if index is not None else b""
+        blocks = index.blocks(prompt, tuning.block_bytes) if index is not None and prompt else None
+        block = tuning.block_bytes
+        loads = [engine_load(t, load) for t in targets]
+        usable = [load.available(t.backend.name) for t in targets] if load.degraded else [True] * n
+        low = min((x for x, ok in zip(loads, usable, strict=True) if ok), default=0)
+        hot_above = max(low + tuning.balance_abs, low * tuning.balance_rel)
+        size = len(prompt)
+        ranks = []
+        for i in range(n):
+            matched = index.match(blocks, keys[i]) * block if index is not None and blocks is not None else 0
+            cost = size - matched + tuning.load_cost * loads[i]
+            ranks.append((not usable[i], loads[i] > hot_above, cost, (i - start) % n))
+        order = sorted(range(n), key=ranks.__getitem__)
+        if index is not None and blocks is not None and blocks.count and usable[order[0]]:
+            index.insert(blocks, keys[order[0]])
+        return tuple(targets[i] for i in order)
+
+
 def make_policy(
     name: str,
     targets: tuple[Target, ...],
     weights: Sequence[int] = (),
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     max_inflight: int | None = None,
+    tuning: CacheTuning | None = None,
 ) -> Policy:
     if not targets:
         raise ValueError("a policy needs at least one target")
@@ -180,4 +254,6 @@ def make_policy(
         return PrefixAffinity(name, targets, prefix_bytes, max_inflight)
     if name == "engine_load":
         return EngineLoad(name, targets)
+    if name == "cache_aware":
+        return CacheAware(name, targets, tuning or CacheTuning())
     raise ValueError(f"unknown policy {name!r}")

@@ -16,6 +16,9 @@ stats    each proxy worker's statistics and heartbeat, the engine     ``worker_s
 bodies   one body-log ring per proxy worker: records that span        ``gateway.native.ring_region_size``
          slots (``SpanRing``); made whether or not any entry logs     with ``BODY_SLOT_BYTES`` slots
          yet (pages nobody writes take no memory)
+prefix   which backend was sent which prompt blocks, for              ``gateway.native.prefix_region_size``
+         ``cache_aware`` pools (``PrefixIndex``); untouched pages     (``native/prefix_index.c``)
+         without such a pool
 ======== ============================================================ ======================================
 
 Forked workers inherit the mappings and wrap the buffers in the classes that read them (``BucketTable``,
@@ -32,7 +35,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from gateway.native import BucketTable, SpanRing, UsageRing, region_size, ring_region_size
+from gateway.native import (
+    BucketTable,
+    PrefixIndex,
+    SpanRing,
+    UsageRing,
+    prefix_region_size,
+    region_size,
+    ring_region_size,
+)
 from gateway.shm import holdings, snapshot_slot, worker_stats
 from gateway.shm.segment import Segment
 
@@ -41,7 +52,7 @@ __all__ = ["BODY_SLOT_BYTES", "RING_SLOT_BYTES", "SEGMENTS", "RegionSizes", "Sha
 RING_SLOT_BYTES: Final = 1024  # a usage record is a few hundred bytes; names are at most 200 characters
 # Body logs span slots: 4 KiB each keeps a short chat in one or two.
 BODY_SLOT_BYTES: Final = 4096
-SEGMENTS: Final = ("snapshot", "buckets", "usage", "holdings", "stats", "bodies")
+SEGMENTS: Final = ("snapshot", "buckets", "usage", "holdings", "stats", "bodies", "prefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +64,7 @@ class RegionSizes:
     bucket_capacity: int  # slots of the bucket table, a power of two
     ring_slots: int  # records each usage ring holds, a power of two
     body_slots: int = 2048  # slots of each body-log ring, a power of two
+    prefix_entries: int = 1 << 16  # (block, backend) pairs of the prefix index, a power of two
 
     def segment_bytes(self) -> dict[str, int]:
         """Each segment's size in bytes, by name."""
@@ -64,6 +76,7 @@ class RegionSizes:
             "holdings": holdings.region_bytes(workers),
             "stats": worker_stats.region_bytes(workers),
             "bodies": ring_region_size(workers, self.body_slots, BODY_SLOT_BYTES),
+            "prefix": prefix_region_size(self.prefix_entries),
         }
 
 
@@ -89,6 +102,8 @@ class SharedRegions:
             workers = max(1, sizes.workers)
             UsageRing.create_layout(segments["usage"].buf, workers, sizes.ring_slots, RING_SLOT_BYTES).close()
             SpanRing.create_layout(segments["bodies"].buf, workers, sizes.body_slots, BODY_SLOT_BYTES).close()
+            secret = secrets.randbits(64)
+            PrefixIndex.create_layout(segments["prefix"].buf, sizes.prefix_entries, secret).close()
         except BaseException:
             for segment in segments.values():
                 segment.close()
@@ -144,6 +159,12 @@ class SharedRegions:
     def bodies(self) -> memoryview | None:
         """The body-log rings; None where they are not attached (``gateway status`` attaches two)."""
         segment = self._segments.get("bodies")
+        return None if segment is None else segment.buf
+
+    @property
+    def prefix(self) -> memoryview | None:
+        """The prefix index; None where it is not attached."""
+        segment = self._segments.get("prefix")
         return None if segment is None else segment.buf
 
     def usage_attached(self) -> int:

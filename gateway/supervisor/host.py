@@ -175,6 +175,7 @@ def _serve(settings: Settings) -> int:
             bucket_capacity=settings.bucket_capacity,
             ring_slots=settings.usage_ring_slots,
             body_slots=settings.body_ring_slots,
+            prefix_entries=settings.prefix_index_entries,
         )
     )
     try:

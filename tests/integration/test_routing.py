@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from tests.fixtures.processes import Gateway, MockEngine, free_port, wait_until
@@ -160,6 +161,20 @@ name = "affine"
 policy = "prefix_affinity"
 members = ["pm-a", "pm-b", "pm-c"]
 prefix_bytes = 100
+
+[[models]]
+name = "cached"
+chain = ["pm-a"]
+
+[[models.rules]]
+route = ["kv"]
+
+[[pools]]
+name = "kv"
+policy = "cache_aware"
+members = ["pm-a", "pm-b", "pm-c"]
+load_cost = 64
+balance_abs = 1
 """
 
 
@@ -224,6 +239,48 @@ def test_prefix_affinity_holds_across_workers(rules_env: Env, fresh: list[MockEn
     assert set(where) == set(prefixes)
     assert all(len(engines) == 1 for engines in where.values()), where
     assert len({next(iter(e)) for e in where.values()}) >= 2  # and the prefixes do spread
+
+
+def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
+    rules_env: Env, fresh: list[MockEngine]
+) -> None:
+    """Six conversations of four turns, the six turns of a round sent at once, each on a new connection (so
+    on either worker): every turn of a conversation reaches the engine its first went to, though the first
+    512 bytes of every body are the same (one long shared system prompt); and the first turns, which all
+    match that system prompt, spread as the engine holding it fills (the balance rule)."""
+    for e in fresh:
+        e.configure(delay=0.3)
+    system = "You are a careful assistant. " * 40
+    histories: dict[int, list[dict[str, str]]] = {
+        c: [{"role": "system", "content": system}] for c in range(6)
+    }
+
+    def ask(c: int) -> None:
+        history = histories[c]
+        with httpx.Client() as client:
+            resp = client.post(
+                rules_env.gw.url + "/v1/chat/completions",
+                headers={"authorization": f"Bearer {rules_env.key['alice']}"},
+                json={"model": "cached", "messages": history, "max_tokens": 4},
+                timeout=30,
+            )
+        assert resp.status_code == 200, resp.text
+        history.append({"role": "assistant", "content": resp.json()["choices"][0]["message"]["content"]})
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        for turn in range(4):
+            for c, history in histories.items():
+                history.append({"role": "user", "content": f"conversation {c} asks question {turn} " * 8})
+            list(pool.map(ask, histories))
+    where: dict[int, list[int]] = {}
+    for i, e in enumerate(fresh):
+        for rec in completions(e):
+            sent = orjson.loads(rec["body"])["messages"]
+            conversation = int(sent[1]["content"].split()[1])
+            where.setdefault(conversation, []).append(i)
+    assert sorted(where) == list(range(6))
+    assert all(len(turns) == 4 and len(set(turns)) == 1 for turns in where.values()), where
+    assert len({turns[0] for turns in where.values()}) >= 2
 
 
 def test_dry_run_shares_the_request_paths_decision(rules_env: Env, fresh: list[MockEngine]) -> None:

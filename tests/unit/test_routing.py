@@ -16,7 +16,7 @@ from gateway.controlplane.snapshot_build import build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
 from gateway.errors import ConfigError
 from gateway.routing.load import EngineState, StaticLoad
-from gateway.routing.policies import make_policy
+from gateway.routing.policies import CacheTuning, make_policy
 from gateway.routing.rules import Facts
 from gateway.snapshot import Backend, Principal, Snapshot, Target
 
@@ -354,6 +354,19 @@ policy = "least_inflight"
         ('[[pools]]\nname = "p"\nmembers = ["pm-zz"]', "pools[0].members[0]"),
         ('[[pools]]\nname = "pm-a"\nmembers = ["pm-b"]', "pools[0].name"),
         ('[routing]\nfallback = "nope"', "routing.fallback"),
+        ('[[pools]]\nname = "p"\nmembers = ["pm-a"]\nload_cost = 9', "pools[0].load_cost"),
+        (
+            '[[pools]]\nname = "p"\npolicy = "cache_aware"\nmembers = ["pm-a"]\nblock_bytes = 8',
+            "pools[0].block_bytes",
+        ),
+        (
+            '[[pools]]\nname = "p"\npolicy = "cache_aware"\nmembers = ["pm-a"]\nbalance_rel = 0.5',
+            "pools[0].balance_rel",
+        ),
+        (
+            '[[pools]]\nname = "p"\npolicy = "cache_aware"\nmembers = ["pm-a"]\nbalance_abs = 1.5',
+            "pools[0].balance_abs",
+        ),
     ],
 )
 def test_bad_routing_config_names_the_field(snippet: str, place: str) -> None:
@@ -386,3 +399,17 @@ def test_routing_config_round_trips_through_the_store(tmp_path: Path) -> None:
     assert snap.backends["a"].responses_api and not snap.backends["b"].responses_api
     assert snap.routes["gpt"].rules and snap.routes["gpt"].rules[0].name == "free streams"
     assert isinstance(next(iter(snap.principals.values())), Principal)
+
+
+def test_cache_aware_knobs_reach_the_policy(tmp_path: Path) -> None:
+    text = BACKENDS + RULES + '[[pools]]\nname = "kv"\npolicy = "cache_aware"\nmembers = ["pm-a", "pm-b"]\n'
+    text += "block_bytes = 128\nload_cost = 300\nbalance_rel = 2.5\n\n" + PEOPLE
+    cfg = parse_config(tomllib.loads(text), "t")
+    store: Store = open_store(Settings(data_dir=tmp_path))
+    store.apply_config(cfg, actor="test")
+    assert store.config_doc() == cfg
+    doc = build_snapshot_doc(store)
+    store.close()
+    assert doc["pools"]["kv"]["cache"] == {"block_bytes": 128, "load_cost": 300, "balance_rel": 2.5}
+    policy = Snapshot.from_doc(doc, 1).pools["kv"].policy
+    assert policy.tuning == CacheTuning(block_bytes=128, load_cost=300, balance_abs=8, balance_rel=2.5)

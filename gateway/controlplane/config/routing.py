@@ -7,11 +7,13 @@ store as JSON rows, ``writer.dump_config`` writes them back as TOML from the spe
 
     [[pools]]
     name = "llama"
-    policy = "prefix_affinity"   # round_robin, weighted, least_inflight, prefix_affinity, engine_load
+    policy = "prefix_affinity"   # round_robin, weighted, least_inflight, prefix_affinity, engine_load,
+                                 # cache_aware
     members = ["llama-a", "llama-b"]   # provider models
     weights = [3, 1]                   # weighted only
     prefix_bytes = 512                 # prefix_affinity only: how much of the body is hashed
     max_inflight = 32                  # prefix_affinity only: past it, the least-loaded member goes first
+    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 8, balance_rel = 1.5
 
     [[models.rules]]                   # under a [[models]] table; terminal, first match wins
     name = "free streams"
@@ -249,7 +251,9 @@ def _rule(p: Problems, place: str, item: Any) -> RuleSpec | None:
 
 
 def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None:
-    p.unknown_fields(place, item, ("name", "policy", "members", "weights", "prefix_bytes", "max_inflight"))
+    p.unknown_fields(
+        place, item, ("name", "policy", "members", "weights", "prefix_bytes", "max_inflight", *_CACHE_FIELDS)
+    )
     name = item.get("name")
     if not isinstance(name, str) or not name:
         p.add(f"{place}.name", "is required")
@@ -292,9 +296,36 @@ def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None
                 prefix_bytes = value
             else:
                 max_inflight = value
+    cache: list[tuple[str, int | float]] = []
+    for key, (low, high) in _CACHE_FIELDS.items():
+        if key not in item:
+            continue
+        if policy != "cache_aware":
+            p.add(f"{place}.{key}", 'only a "cache_aware" pool has it')
+            ok = False
+            continue
+        value = item[key]
+        whole = key != "balance_rel"
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+            p.add(f"{place}.{key}", "must be an integer" if whole else "must be a number")
+            ok = False
+        elif not low <= value <= high:
+            p.add(f"{place}.{key}", f"must be between {low:g} and {high:g}")
+            ok = False
+        else:
+            cache.append((key, value))
     if not ok:
         return None
-    return PoolSpec(name, policy, tuple(members), weights, prefix_bytes, max_inflight)
+    return PoolSpec(name, policy, tuple(members), weights, prefix_bytes, max_inflight, tuple(cache))
+
+
+# cache_aware's knobs and their ranges (defaults: gateway.routing.policies.CacheTuning)
+_CACHE_FIELDS: dict[str, tuple[float, float]] = {
+    "block_bytes": (16, 65536),
+    "load_cost": (0, 2**30),
+    "balance_abs": (0, 2**20),
+    "balance_rel": (1.0, 1000.0),
+}
 
 
 def check_routing(

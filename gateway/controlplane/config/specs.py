@@ -214,6 +214,8 @@ class PoolSpec:
     weights: tuple[int, ...] = ()
     prefix_bytes: int | None = None
     max_inflight: int | None = None
+    # cache_aware only, each None for its default (gateway.routing.policies.CacheTuning)
+    cache: tuple[tuple[str, int | float], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "policy": self.policy, "members": list(self.members)}
@@ -223,6 +225,7 @@ class PoolSpec:
             out["prefix_bytes"] = self.prefix_bytes
         if self.max_inflight is not None:
             out["max_inflight"] = self.max_inflight
+        out.update(self.cache)
         return out
 
 

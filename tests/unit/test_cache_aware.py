@@ -1,0 +1,137 @@
+"""``cache_aware``: the prompt rendered as an engine caches it, and the score that weighs each target's
+matched prefix against its load, with the balance rule, over a real ``PrefixIndex`` (no sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.native import PrefixIndex
+from gateway.routing.load import EngineState, StaticLoad
+from gateway.routing.policies import CacheTuning, make_policy
+from gateway.routing.prompt_prefix import rendered_prompt
+from gateway.snapshot import Backend, Target
+
+SYSTEM = "You answer questions about the fleet. " * 60  # 2,280 bytes: 35 blocks
+
+
+def targets(*names: str) -> tuple[Target, ...]:
+    return tuple(Target(f"pm-{n}", Backend(n, f"http://{n}", None, "openai", 1, 1, 1), "m") for n in names)
+
+
+def chat(*turns: str, **extra: Any) -> bytes:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i, text in enumerate(turns):
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return orjson.dumps({"model": "m", "messages": messages, **extra})
+
+
+def first(order: tuple[Target, ...]) -> str:
+    return order[0].backend.name
+
+
+# -- the rendering -----------------------------------------------------------------------------------------
+
+
+def test_a_conversations_turns_render_as_growing_prefixes() -> None:
+    one = rendered_prompt(chat("What is up?"))
+    two = rendered_prompt(chat("What is up?", "Nothing much.", "And now?"))
+    assert two.startswith(one) and len(two) > len(one)
+
+
+def test_what_is_not_the_prompt_does_not_change_it() -> None:
+    plain = rendered_prompt(chat("hi"))
+    assert rendered_prompt(chat("hi", temperature=0.2, stream=True, max_tokens=9)) == plain
+    reordered = orjson.dumps(
+        {"messages": [{"content": SYSTEM, "role": "system"}, {"content": "hi", "role": "user"}], "model": "x"}
+    )
+    assert rendered_prompt(reordered) == plain
+
+
+def test_every_protocol_renders_a_shared_system_prompt_alike() -> None:
+    openai = rendered_prompt(chat("hi"))
+    anthropic = rendered_prompt(
+        orjson.dumps({"model": "m", "system": SYSTEM, "messages": [{"role": "user", "content": "hi"}]})
+    )
+    blocks = rendered_prompt(
+        orjson.dumps(
+            {
+                "model": "m",
+                "system": [{"type": "text", "text": SYSTEM}],
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            }
+        )
+    )
+    responses = rendered_prompt(orjson.dumps({"model": "m", "instructions": SYSTEM, "input": "hi"}))
+    assert openai == anthropic == blocks == responses
+
+
+def test_bodies_without_a_prompt_render_empty() -> None:
+    assert rendered_prompt(b"not json") == b""
+    assert rendered_prompt(b"[1, 2]") == b""
+    assert rendered_prompt(b'{"model": "m"}') == b""
+    assert rendered_prompt(b'{"prompt": "complete this"}') == b"complete this"
+
+
+# -- the score -----------------------------------------------------------------------------------------
+
+
+def policy(**tuning: Any) -> Any:
+    return make_policy("cache_aware", targets("a", "b", "c"), tuning=CacheTuning(**tuning))
+
+
+def test_a_conversation_returns_to_the_target_that_holds_it() -> None:
+    p, load = policy(), StaticLoad(index=PrefixIndex.private())
+    chosen = first(p.order(chat("question one"), load))
+    for n in range(5):  # rotation would move it; the prefix holds it
+        assert first(p.order(chat("question one", "answer", f"follow-up {n}"), load)) == chosen
+
+
+def test_without_a_prefix_anywhere_targets_take_turns() -> None:
+    p, load = policy(), StaticLoad(index=PrefixIndex.private())
+    picks = [first(p.order(orjson.dumps({"prompt": f"{n} " + "x" * 200}), load)) for n in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_load_outweighs_a_short_match_but_not_a_long_one() -> None:
+    p = policy(load_cost=256, balance_abs=100)
+    index = PrefixIndex.private()
+    assert first(p.order(chat("q"), StaticLoad(index=index))) == "a"
+    # "a" holds the 2.3 kB system prompt: worth more than 8 requests in flight at 256 bytes each
+    assert first(p.order(chat("r"), StaticLoad(flights={"a": 8}, index=index))) == "a"
+    # ... but not 10 of them
+    assert first(p.order(chat("s"), StaticLoad(flights={"a": 10}, index=index))) != "a"
+
+
+def test_the_balance_rule_moves_a_conversation_off_a_hot_target() -> None:
+    p = policy(load_cost=1, balance_abs=4, balance_rel=1.5)
+    index = PrefixIndex.private()
+    assert first(p.order(chat("q"), StaticLoad(index=index))) == "a"
+    busy = {"a": 6, "b": 2, "c": 3}  # 6 > max(2 + 4, 2 * 1.5) is false: a is not hot
+    assert first(p.order(chat("q", "x", "y"), StaticLoad(flights=busy, index=index))) == "a"
+    hot = {"a": 7, "b": 2, "c": 3}  # 7 > 6: hot, whatever it holds
+    order = p.order(chat("q", "x", "y", "z", "w"), StaticLoad(flights=hot, index=index))
+    assert [t.backend.name for t in order] == ["b", "c", "a"]
+
+
+def test_the_engines_queue_counts_as_load() -> None:
+    p = policy(load_cost=256, balance_abs=100)
+    index = PrefixIndex.private()
+    assert first(p.order(chat("q"), StaticLoad(index=index))) == "a"
+    queued = {"a": EngineState(kind="vllm", waiting=12, running=16)}
+    assert first(p.order(chat("q", "x", "y"), StaticLoad(engines=queued, index=index))) != "a"
+
+
+def test_a_target_that_is_down_goes_last_and_is_not_noted() -> None:
+    p, index = policy(), PrefixIndex.private()
+    order = p.order(chat("q"), StaticLoad(down={"a"}, index=index))
+    assert order[-1].backend.name == "a"
+    prompt = index.blocks(rendered_prompt(chat("q")), 64)
+    keys = p.keys
+    assert index.match(prompt, keys[0]) == 0 and index.match(prompt, keys[1]) == prompt.count
+
+
+def test_without_an_index_the_least_loaded_goes_first() -> None:
+    p = policy()
+    assert first(p.order(chat("q"), StaticLoad(flights={"a": 3, "b": 1, "c": 2}))) == "b"
