@@ -210,6 +210,7 @@ class ProxyApp:
                 "revision": self.snapshot.revision,
                 "usage_backlog": len(accounting.usage.backlog) if accounting.usage is not None else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
+                "prefixes": self.load.prefixes,
                 "credentials": forwarder.credentials.as_dict() if forwarder else {},
             }
             document["live"] = accounting.live_doc(LIVE_LIMIT)

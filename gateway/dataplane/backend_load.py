@@ -68,11 +68,20 @@ class BackendLoad:
         self._waiting = 0  # requests of this worker waiting for a gate
         self._engine_seq = b""
         self._prefix = prefix
+        # backend -> [prompt bytes cache_aware sent it, of which the index said it held]: for /metrics
+        self.prefixes: dict[str, list[int]] = {}
 
     def prefix_index(self) -> PrefixIndex | None:
         if self._prefix is None:  # no host segment (a worker under test): this process's own, made once
             self._prefix = PrefixIndex.private()
         return self._prefix
+
+    def note_prefix(self, backend: str, prompt_bytes: int, matched_bytes: int) -> None:
+        seen = self.prefixes.get(backend)
+        if seen is None:
+            seen = self.prefixes[backend] = [0, 0]
+        seen[0] += prompt_bytes
+        seen[1] += matched_bytes
 
     # -- Load (gateway.routing.load) -------------------------------------------------------------------
     def in_flight(self, backend: str) -> int:

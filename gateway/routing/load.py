@@ -67,6 +67,10 @@ class Load(Protocol):
         """Which backend was sent which prompt blocks (host-wide), for ``cache_aware``; None: not kept."""
         ...
 
+    def note_prefix(self, backend: str, prompt_bytes: int, matched_bytes: int) -> None:
+        """Count what ``cache_aware`` sent ``backend``: a prompt's bytes, and those the index said it held."""
+        ...
+
     @property
     def degraded(self) -> bool:
         """True when some backend is not ``available``: only then do targets need filtering."""
@@ -81,6 +85,7 @@ class StaticLoad:
     engines: dict[str, EngineState] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
     index: PrefixIndex | None = None
+    prefixes: dict[str, list[int]] = field(default_factory=dict)  # backend -> [prompt, matched] bytes
 
     def in_flight(self, backend: str) -> int:
         return self.flights.get(backend, 0)
@@ -90,6 +95,11 @@ class StaticLoad:
 
     def prefix_index(self) -> PrefixIndex | None:
         return self.index
+
+    def note_prefix(self, backend: str, prompt_bytes: int, matched_bytes: int) -> None:
+        seen = self.prefixes.setdefault(backend, [0, 0])
+        seen[0] += prompt_bytes
+        seen[1] += matched_bytes
 
     def available(self, backend: str) -> bool:
         if backend in self.down:

@@ -223,14 +223,19 @@ class CacheAware(Policy):
         low = min((x for x, ok in zip(loads, usable, strict=True) if ok), default=0)
         hot_above = max(low + tuning.balance_abs, low * tuning.balance_rel)
         size = len(prompt)
+        held = [0] * n
         ranks = []
         for i in range(n):
-            matched = index.match(blocks, keys[i]) * block if index is not None and blocks is not None else 0
-            cost = size - matched + tuning.load_cost * loads[i]
+            if index is not None and blocks is not None:
+                held[i] = index.match(blocks, keys[i]) * block
+            cost = size - held[i] + tuning.load_cost * loads[i]
             ranks.append((not usable[i], loads[i] > hot_above, cost, (i - start) % n))
         order = sorted(range(n), key=ranks.__getitem__)
-        if index is not None and blocks is not None and blocks.count and usable[order[0]]:
-            index.insert(blocks, keys[order[0]])
+        best = order[0]
+        if index is not None and blocks is not None and usable[best]:
+            if blocks.count:
+                index.insert(blocks, keys[best])
+            load.note_prefix(targets[best].backend.name, size, held[best])
         return tuple(targets[i] for i in order)
 
 

@@ -112,7 +112,15 @@ class WorkerStats:
 
 def backend_totals() -> dict[str, Any]:
     """A backend's counters before any worker reported on it."""
-    return {"answered": 0, "failed": 0, "in_flight": 0, "last_error": None, "last_error_at": None}
+    return {
+        "answered": 0,
+        "failed": 0,
+        "in_flight": 0,
+        "last_error": None,
+        "last_error_at": None,
+        "prefix_bytes": 0,
+        "prefix_matched_bytes": 0,
+    }
 
 
 def sum_backends(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -126,4 +134,8 @@ def sum_backends(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             t["in_flight"] += b["in_flight"]
             if b.get("last_error_at") and (t["last_error_at"] or 0) < b["last_error_at"]:
                 t["last_error"], t["last_error_at"] = b["last_error"], b["last_error_at"]
+        for name, (sent, matched) in (doc.get("prefixes") or {}).items():  # cache_aware pools' choices
+            t = total.get(name) or total.setdefault(name, backend_totals())
+            t["prefix_bytes"] += sent
+            t["prefix_matched_bytes"] += matched
     return total

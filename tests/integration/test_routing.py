@@ -282,6 +282,23 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
     assert all(len(turns) == 4 and len(set(turns)) == 1 for turns in where.values()), where
     assert len({turns[0] for turns in where.values()}) >= 2
 
+    def expected_hits() -> tuple[float, float]:
+        text = rules_env.admin("GET", "/metrics").text
+        sent = matched = 0.0
+        for line in text.splitlines():
+            if line.startswith("gateway_backend_prefix_bytes_total{"):
+                sent += float(line.split()[-1])
+            elif line.startswith("gateway_backend_prefix_matched_bytes_total{"):
+                matched += float(line.split()[-1])
+        return sent, matched
+
+    # Every turn after a conversation's first was held whole but for its new user turn; the first turns
+    # of conversations after the first held the system prompt.
+    wait_until(lambda: expected_hits()[0] > 0, what="the workers' prefix counts in /metrics")
+    sent, matched = expected_hits()
+    assert 0.5 < matched / sent < 1
+    assert "gateway_prefix_index_pairs_total" in rules_env.admin("GET", "/metrics").text
+
 
 def test_dry_run_shares_the_request_paths_decision(rules_env: Env, fresh: list[MockEngine]) -> None:
     def dry(**request: Any) -> dict[str, Any]:

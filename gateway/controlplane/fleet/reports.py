@@ -30,7 +30,7 @@ import orjson
 from gateway.config import Settings
 from gateway.controlplane.fleet.shares import Grant, ShareLedger
 from gateway.controlplane.fleet.traffic import RecentTraffic, traffic_window
-from gateway.native import BucketTable, SpanRing, UsageRing
+from gateway.native import BucketTable, PrefixIndex, SpanRing, UsageRing
 from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.regions import SharedRegions
 from gateway.shm.worker_stats import WorkerStats, backend_totals, sum_backends
@@ -93,10 +93,13 @@ def host_report(
         pending = sum(ring.pending(i) for i in range(ring.rings))
     finally:
         ring.close()
-    body_logs = {}
+    segments: dict[str, Any] = {}
+    if shared.prefix is not None:
+        with PrefixIndex(shared.prefix) as index:
+            segments["prefix_index"] = index.stats()._asdict() | {"entries": index.entries}
     if shared.bodies is not None:
         with SpanRing(shared.bodies) as bodies:
-            body_logs["body_logs"] = {
+            segments["body_logs"] = {
                 "dropped": sum(bodies.dropped(i) for i in range(bodies.rings)),
                 "pending_slots": sum(bodies.pending(i) for i in range(bodies.rings)),
             }
@@ -119,7 +122,7 @@ def host_report(
         "backends": backends,
         "credentials": sum_credentials([doc for _, doc in documents]),
         "usage_pending": pending + sum(w.get("usage_backlog", 0) for w in workers),
-        **body_logs,
+        **segments,
         **(extra or {}),
     }
 

@@ -236,6 +236,34 @@ class Metrics:
             out.append(f'gateway_backend_answers_total{{backend="{_escape(name)}"}} {b["answered"]}')
             out.append(f'gateway_backend_failures_total{{backend="{_escape(name)}"}} {b["failed"]}')
             out.append(f'gateway_backend_in_flight{{backend="{_escape(name)}"}} {b["in_flight"]}')
+        family(
+            "gateway_backend_prefix_bytes_total",
+            "counter",
+            "Prompt bytes cache_aware pools sent each backend (the prompt as rendered for the prefix index).",
+        )
+        family(
+            "gateway_backend_prefix_matched_bytes_total",
+            "counter",
+            "Of those, the bytes the host's prefix index said the backend already held: the expected hits.",
+        )
+        for name, b in sorted(host.get("backends", {}).items()):
+            if b.get("prefix_bytes"):
+                label = f'{{backend="{_escape(name)}"}}'
+                out.append(f"gateway_backend_prefix_bytes_total{label} {b['prefix_bytes']}")
+                out.append(f"gateway_backend_prefix_matched_bytes_total{label} {b['prefix_matched_bytes']}")
+        index = host.get("prefix_index")
+        if index:
+            family(
+                "gateway_prefix_index_evictions_total",
+                "counter",
+                "(block, backend) pairs the host's prefix index let go to make room: past a few per insert, "
+                "it is smaller than the engines' caches (--prefix-index-entries).",
+            )
+            out.append(f"gateway_prefix_index_evictions_total {index['evictions']}")
+            family(
+                "gateway_prefix_index_pairs_total", "counter", "(block, backend) pairs noted or refreshed."
+            )
+            out.append(f"gateway_prefix_index_pairs_total {index['pairs']}")
         family("gateway_worker_restarts_total", "counter", "Times the supervisor restarted each worker.")
         for w in host.get("supervisor", {}).get("workers", []):
             worker = _escape(str(w.get("name")))
