@@ -57,9 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-status", type=int, default=None, help="answer every API request with this status")
     sim = p.add_argument_group(
         "simulated engine",
-        "With --sim, chat and text completions go through a simulated vLLM engine: continuous batching, a "
-        "prefix cache of chained block hashes with LRU eviction, chunked prefill and a step-time model "
-        "(one token = 4 bytes of the prompt rendered as a chat template; see docs/operations.md).",
+        "With --sim, chat and text completions go through a simulated vLLM engine: continuous\n"
+        "batching, a prefix cache of chained block hashes with LRU eviction, chunked prefill and a\n"
+        "step-time model. One token = 4 bytes of the prompt rendered as a chat template; usage reports\n"
+        'cached_tokens, /metrics vLLM\'s series, /mock/stats a "sim" object (docs/operations.md).',
     )
     sim.add_argument("--sim", action="store_true", help="turn the simulated engine on")
     sim.add_argument(

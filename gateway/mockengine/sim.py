@@ -122,7 +122,7 @@ def answer_text(prompt: bytes, tokens: int) -> str:
     want = tokens * BYTES_PER_TOKEN
     out: list[str] = []
     size = 0
-    while size < want:
+    while size <= want:  # size counts a space after each word; the joined text has one fewer
         word = rng.choice(pool)
         out.append(word)
         size += len(word) + 1
@@ -196,6 +196,7 @@ class SimStats:
     success: int = 0
     cancelled: int = 0
     max_waiting: int = 0
+    """Most requests waiting at once, not counting arrivals an idle engine admits at its next step."""
     evictions: int = 0
     ttft_count: int = 0
     ttft_sum: float = 0.0
@@ -257,7 +258,8 @@ class Engine:
         stats = self.stats
         stats.requests += 1
         stats.prompt_tokens += seq.prompt_tokens
-        stats.max_waiting = max(stats.max_waiting, len(self.waiting))
+        if self.running:  # mid-step: it waits at least until the next one (an idle engine admits at once)
+            stats.max_waiting = max(stats.max_waiting, len(self.waiting))
 
     def cancel(self, seq: Sequence) -> None:
         """The client went away: drop the sequence, keeping what it put in the cache."""
@@ -276,6 +278,8 @@ class Engine:
     def plan(self) -> Step | None:
         """Admit what fits and decide the next step; ``None`` when there is nothing to do."""
         self._admit()
+        # Counted after admission: a request admitted at the next step never waited.
+        self.stats.max_waiting = max(self.stats.max_waiting, len(self.waiting))
         if not self.running:
             return None
         budget = self.config.chunk_tokens
