@@ -6,7 +6,9 @@ the store of responses, from ``responses_api``), Anthropic's
 (each on its own paths, so one mock process can stand for a backend of any protocol; errors come in the
 envelope of the path's protocol), and obeys a ``Behaviour`` that tests change over HTTP under ``/mock/``.
 All state (behaviour, recordings, counters) lives on the instance, one per process; everything runs on one
-event loop, so nothing needs a lock.
+event loop, so nothing needs a lock. With a ``SimConfig`` (``--sim``), chat and text completions are not
+planned whole: each becomes a sequence in a simulated engine (``sim``, stepped by ``simulated.Driver``)
+and is answered token by token as its steps emit them, and ``/metrics`` reports that engine.
 
 I/O: reads request bodies and writes responses through the RSGI protocol object, sleeps for configured
 delays, and ``serve`` binds a TCP listener.
