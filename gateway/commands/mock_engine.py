@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.commands.options import Parser, port_number
+from gateway.commands.options import Parser, port_number, positive_int
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.server import MockEngine, serve
+from gateway.mockengine.sim import SimConfig
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -54,6 +55,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--delay", type=float, default=0.0, help="seconds before answering (default 0)")
     p.add_argument("--fail-status", type=int, default=None, help="answer every API request with this status")
+    sim = p.add_argument_group(
+        "simulated engine",
+        "With --sim, chat and text completions go through a simulated vLLM engine: continuous\n"
+        "batching, a prefix cache of chained block hashes with LRU eviction, chunked prefill and a\n"
+        "step-time model. One token = 4 bytes of the prompt rendered as a chat template; usage reports\n"
+        'cached_tokens, /metrics vLLM\'s series, /mock/stats a "sim" object (docs/operations.md).',
+    )
+    sim.add_argument("--sim", action="store_true", help="turn the simulated engine on")
+    sim.add_argument(
+        "--sim-batch", type=positive_int, default=16, metavar="N",
+        help="most sequences running at once; the rest wait, first come first served (default 16)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-block-tokens", type=positive_int, default=16, metavar="N",
+        help="tokens per KV block, the prefix cache's granularity (default 16)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-cache-blocks", type=positive_int, default=2048, metavar="N",
+        help="KV-cache capacity in blocks; blocks of finished sequences stay cached until evicted, least "
+        "recently used first (default 2048)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-chunk-tokens", type=positive_int, default=512, metavar="N",
+        help="chunked prefill: most prompt tokens prefilled in one step, over all sequences (default 512)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-step-ms", type=_milliseconds, default=15.0, metavar="F",
+        help="fixed time of one step in milliseconds (default 15)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-seq-ms", type=_milliseconds, default=0.2, metavar="F",
+        help="milliseconds a step takes per sequence in it (default 0.2)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-prefill-ms", type=_milliseconds, default=0.05, metavar="F",
+        help="milliseconds a step takes per prompt token it prefills (default 0.05)",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-output-tokens", type=int, default=None, metavar="N",
+        help="completion length, at most the request's max_tokens (default: the request's max_tokens, "
+        "else --tokens)",
+    )  # fmt: skip
     p.add_argument(
         "--backpressure",
         type=int,
@@ -86,13 +129,37 @@ def defaults_from_args(args: argparse.Namespace) -> Behaviour:
     )
 
 
+def _milliseconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"expected milliseconds from 0, got {raw!r}")
+    return value
+
+
+def sim_from_args(args: argparse.Namespace) -> SimConfig | None:
+    """The simulated engine's knobs, or ``None`` without ``--sim``. Raises ``ValueError`` if out of range."""
+    if not args.sim:
+        return None
+    return SimConfig(
+        batch=args.sim_batch,
+        block_tokens=args.sim_block_tokens,
+        cache_blocks=args.sim_cache_blocks,
+        chunk_tokens=args.sim_chunk_tokens,
+        step_ms=args.sim_step_ms,
+        seq_ms=args.sim_seq_ms,
+        prefill_ms=args.sim_prefill_ms,
+        output_tokens=args.sim_output_tokens,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         defaults = defaults_from_args(args)
+        sim = sim_from_args(args)
     except ValueError as exc:
         print(f"gateway mock-engine: error: {exc}", file=sys.stderr)
         return 2
-    engine = MockEngine(defaults, args.models or [DEFAULT_MODEL])
+    engine = MockEngine(defaults, args.models or [DEFAULT_MODEL], sim)
 
     def announce() -> None:
         print(f"mock-engine listening on http://{args.host}:{args.port}", flush=True)

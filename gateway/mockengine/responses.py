@@ -29,6 +29,7 @@ __all__ = [
     "MockRequestError",
     "Reply",
     "StreamReply",
+    "budget",
     "chat_completion",
     "completion",
     "count_words",
@@ -116,7 +117,7 @@ def _chunk(head: Mapping[str, Any], choice: Mapping[str, Any], usage: bool) -> b
     return _sse({**head, "choices": [choice], "usage": None} if usage else {**head, "choices": [choice]})
 
 
-def _budget(req: Mapping[str, Any], tokens: int, *keys: str) -> tuple[int, str]:
+def budget(req: Mapping[str, Any], tokens: int, *keys: str) -> tuple[int, str]:
     """How many tokens to generate and why generation ends: the request's cap wins if it is lower."""
     for key in keys:
         cap = req.get(key)
@@ -172,7 +173,7 @@ def chat_completion(
     if not isinstance(messages, list) or not messages:
         raise MockRequestError(400, "messages must be a non-empty list")
     prompt = max(1, sum(count_words(m.get("content")) for m in messages if isinstance(m, dict)))
-    n, finish = _budget(req, tokens, "max_completion_tokens", "max_tokens")
+    n, finish = budget(req, tokens, "max_completion_tokens", "max_tokens")
     tool = _tool_to_call(req)
     if req.get("stream") is True:
         return StreamReply(_chat_chunks(model, n, finish, prompt, tool, _include_usage(req), rid, created))
@@ -237,7 +238,7 @@ def completion(
     if "prompt" not in req:
         raise MockRequestError(400, "prompt is required")
     prompt = max(1, count_words(req["prompt"]))
-    n, finish = _budget(req, tokens, "max_tokens")
+    n, finish = budget(req, tokens, "max_tokens")
     head: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created, "model": model}
     if req.get("stream") is True:
         usage = _include_usage(req)

@@ -6,7 +6,9 @@ the store of responses, from ``responses_api``), Anthropic's
 (each on its own paths, so one mock process can stand for a backend of any protocol; errors come in the
 envelope of the path's protocol), and obeys a ``Behaviour`` that tests change over HTTP under ``/mock/``.
 All state (behaviour, recordings, counters) lives on the instance, one per process; everything runs on one
-event loop, so nothing needs a lock.
+event loop, so nothing needs a lock. With a ``SimConfig`` (``--sim``), chat and text completions are not
+planned whole: each becomes a sequence in a simulated engine (``sim``, stepped by ``simulated.Driver``)
+and is answered token by token as its steps emit them, and ``/metrics`` reports that engine.
 
 I/O: reads request bodies and writes responses through the RSGI protocol object, sleeps for configured
 delays, and ``serve`` binds a TCP listener.
@@ -40,7 +42,7 @@ from granian.log import LogLevels
 from granian.rsgi import Scope
 from granian.server.embed import Server
 
-from gateway.mockengine import anthropic, gemini, responses_api
+from gateway.mockengine import anthropic, gemini, responses_api, sim, simulated
 from gateway.mockengine import responses as r
 from gateway.mockengine.behaviour import Behaviour
 
@@ -92,7 +94,9 @@ class Plan:
 class MockEngine:
     """The RSGI application. ``defaults`` is what ``/mock/reset`` returns to."""
 
-    def __init__(self, defaults: Behaviour, models: Sequence[str]) -> None:
+    def __init__(
+        self, defaults: Behaviour, models: Sequence[str], sim_config: sim.SimConfig | None = None
+    ) -> None:
         if not models:
             raise ValueError("at least one model name is required")
         self.defaults = defaults
@@ -106,6 +110,8 @@ class MockEngine:
         self.closing = False
         self._sleepers: set[asyncio.Future[None]] = set()
         self.stored = responses_api.ResponseStore()
+        # --sim: chat and text completions go through a simulated engine (see ``sim``) instead of ``_plan``.
+        self.sim = simulated.Driver(sim.Engine(sim_config)) if sim_config is not None else None
 
     def begin_shutdown(self) -> None:
         """Cut waits short and end streams at their next chunk, so the server can drain promptly."""
@@ -147,6 +153,10 @@ class MockEngine:
                 await self._api(scope, proto, path, body, b)
             elif path == "/health":
                 proto.response_bytes(b.health_status, r.JSON_HEADERS, _OK)
+            elif path == "/metrics" and b.metrics_enabled and self.sim is not None:
+                proto.response_bytes(
+                    200, _METRICS_HEADERS, simulated.metrics_text(self.sim.engine, self.models[0])
+                )
             elif path == "/metrics" and b.metrics_enabled:
                 text = r.metrics_text(self.models, self.running, b.waiting, b.kv_cache_usage)
                 proto.response_bytes(200, _METRICS_HEADERS, text)
@@ -179,6 +189,12 @@ class MockEngine:
             return
         try:
             fail, delay, tokens = self._overrides(scope, b)
+            if fail is None and self.sim is not None and route[1] in _SIM_KINDS:
+                job = self._sim_job(route[1], body, tokens)
+                if delay:
+                    await self._pause(delay)
+                await self._sim_answer(proto, self.sim, *job)
+                return
             plan = None if fail is not None else self._plan(route[1], scope, body, b, tokens, gemini_route)
         except r.MockRequestError as exc:
             _error(proto, exc, dialect)
@@ -319,6 +335,91 @@ class MockEngine:
         except ProtocolClosed:
             self.stats.disconnects += 1
 
+    def _sim_job(self, kind: str, body: bytes, tokens: int) -> tuple[sim.Sequence, simulated.Frames, bool]:
+        """The simulated engine's sequence for a chat or text completion, and how to answer it."""
+        assert self.sim is not None
+        try:
+            req = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise r.MockRequestError(400, "the body is not valid JSON") from None
+        if not isinstance(req, dict):
+            raise r.MockRequestError(400, "the body must be a JSON object")
+        chat = kind == "chat"
+        if chat:
+            messages = req.get("messages")
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or not all(isinstance(m, dict) for m in messages)
+            ):
+                raise r.MockRequestError(400, "messages must be a non-empty list of objects")
+            prompt = sim.render_chat(messages)
+        else:
+            text = req.get("prompt")
+            if isinstance(text, list) and all(isinstance(t, str) for t in text):
+                text = "".join(text)
+            if not isinstance(text, str):
+                raise r.MockRequestError(400, "the simulated engine takes a string prompt")
+            prompt = text.encode()
+        configured = self.sim.engine.config.output_tokens
+        # The request's cap is the answer's length unless --sim-output-tokens is shorter; --tokens (or
+        # x-mock-tokens) only when there is no cap.
+        cap, capped = r.budget(req, _NO_CAP, "max_completion_tokens", "max_tokens")
+        n = (tokens if cap == _NO_CAP else cap) if configured is None else min(configured, cap)
+        finish = "length" if capped == "length" and n == cap else "stop"
+        requested = req.get("model")
+        model = requested if isinstance(requested, str) else self.models[0]
+        loop = asyncio.get_running_loop()
+        try:
+            seq = self.sim.engine.sequence(model, prompt, n, loop.time())
+        except ValueError as exc:
+            raise r.MockRequestError(400, str(exc)) from None
+        prefix = "chatcmpl" if chat else "cmpl"
+        rid = f"{prefix}-{self._id_prefix}{next(self._ids):08x}"
+        options = req.get("stream_options")
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        frames = simulated.Frames(chat, model, rid, int(time.time()), usage, finish == "length")
+        return seq, frames, req.get("stream") is True
+
+    async def _sim_answer(
+        self,
+        proto: HTTPProtocol,
+        driver: simulated.Driver,
+        seq: sim.Sequence,
+        frames: simulated.Frames,
+        streamed: bool,
+    ) -> None:
+        """Run ``seq`` through the simulated engine; stream each token as its step emits it."""
+        loop = asyncio.get_running_loop()
+        driver.submit(seq)
+        transport = proto.response_stream(200, _SSE_HEADERS) if streamed else None
+        sent = 0
+        try:
+            while True:
+                if transport is not None and (seq.generated > sent or seq.done):
+                    await transport.send_bytes(frames.tokens(seq, sent, seq.generated))
+                    sent = seq.generated
+                if seq.done or self.closing:
+                    break
+                waiter: asyncio.Future[None] = loop.create_future()
+                seq.listener = waiter
+                self._sleepers.add(waiter)
+                try:
+                    await waiter
+                finally:
+                    self._sleepers.discard(waiter)
+                    seq.listener = None
+        except ProtocolClosed:
+            self.stats.disconnects += 1
+        finally:
+            if not seq.done:
+                driver.cancel(seq)
+        if transport is None:
+            if seq.state is sim.State.FINISHED:
+                proto.response_bytes(200, r.JSON_HEADERS, frames.whole(seq))
+            else:
+                _error(proto, r.MockRequestError(503, "the engine is shutting down", "ServiceUnavailable"))
+
     async def _control(self, scope: Scope, proto: HTTPProtocol, path: str) -> None:
         method = scope.method
         if path == "/mock/config" and method == "POST":
@@ -354,12 +455,15 @@ class MockEngine:
                     "dropped": s.dropped,
                     "disconnects": s.disconnects,
                     "running": self.running,
+                    **({"sim": simulated.stats_json(self.sim.engine)} if self.sim is not None else {}),
                 },
             )
         else:
             _error(proto, r.MockRequestError(404, f"no control route {method} {path}", "NotFoundError"))
 
 
+_NO_CAP = 1 << 62
+_SIM_KINDS = frozenset({"chat", "completion"})
 _MONITORING = frozenset({"/metrics", "/health"})
 
 
