@@ -19,7 +19,6 @@ from gateway import native
 from gateway.budget import Budget, BudgetSet, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.store import Store, StoreError, open_store
-from gateway.controlplane.store._usage import SpendRow
 from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
@@ -437,19 +436,15 @@ def test_spend_groups_by_live_counters(store: Store) -> None:
         ]
     )
     store.usage.insert([rec(5, ts=DAY[1])])  # the next window
-    rows = {(r.owner_id, r.budget_keys): (r.tokens, r.cost_nanos) for r in store.usage.spend(*DAY)}
+    rows = {r.owner_id: (r.tokens, r.cost_nanos, r.held) for r in store.usage.spend(*DAY)}
     assert rows == {
-        ("p1", frozenset({day, month})): (20, 2000),
-        ("p1", frozenset({month})): (10, 1000),
-        ("p1", frozenset()): (20, 2000),
-        ("p2", frozenset()): (10, 1000),
+        "p1": (50, 5000, {day: (20, 2000), month: (30, 3000)}),
+        "p2": (10, 1000, {}),
     }
     assert [r.owner_id for r in store.usage.spend(*DAY, ["p2"])] == ["p2"]
     assert store.usage.spend(*DAY, []) == []
-    by_key = {
-        (r.owner_id, r.budget_keys): r.tokens for r in store.usage.key_spend(*DAY, {"k2": "p1", "k1": "p1"})
-    }
-    assert by_key == {("k1", frozenset()): 30, ("k2", frozenset({99})): 20}  # p2's k1 record is not p1's
+    by_key = {(r.owner_id, r.tokens): r.held for r in store.usage.key_spend(*DAY, {"k2": "p1", "k1": "p1"})}
+    assert by_key == {("k1", 30): {}, ("k2", 20): {99: (20, 2000)}}  # p2's k1 record is not p1's
     assert store.usage.key_spend(*DAY, {"k2": "p2"}) == []  # the principal narrows the search
 
 
@@ -835,7 +830,8 @@ def test_figures_no_column_holds_are_clamped_and_flagged(
     assert len([m for m in caplog.messages if "clamped" in m]) == len(fields)
     assert 'gateway_usage_records_clamped_total{field="cost_nanos"} 3' in sink.metrics.render({})
     assert sink.bases[0].tokens == 3 * MAX_FIGURE + 10  # folded as stored: the sums stay in 64 bits
-    assert store.usage.spend(DAY[0], DAY[1]) == [SpendRow("p1", frozenset(), 3 * MAX_FIGURE + 10, 1000)]
+    spent = store.usage.spend(DAY[0], DAY[1])
+    assert [(s.owner_id, s.tokens, s.cost_nanos) for s in spent] == [("p1", 3 * MAX_FIGURE + 10, 1000)]
 
 
 def test_a_record_the_store_refuses_is_set_aside_and_the_batch_goes_on(

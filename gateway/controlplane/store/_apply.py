@@ -47,6 +47,7 @@ from gateway.controlplane.store._driver import Param, Transaction
 from gateway.controlplane.store._keys import check_hash_free, insert_key_budgets
 from gateway.controlplane.store._ownership import KINDS, STORE_OWNER, diff, merge
 from gateway.controlplane.store._revision import bump_revision
+from gateway.controlplane.store._spend import drop_unbudgeted
 from gateway.errors import ConfigError
 from gateway.keys import hash_secret
 
@@ -184,6 +185,8 @@ def apply_prepared(
         ],
     )
     _apply_keys(tx, cfg.keys, principal_ids, key_hashes)
+    # A budget taken away stops being counted: its windows go, so that one given back is opened afresh.
+    drop_unbudgeted(tx)
     tx.execute("DELETE FROM routing_entries")
     tx.executemany("INSERT INTO routing_entries (kind, name, body) VALUES (?, ?, ?)", routing_rows(cfg))
     tx.execute("DELETE FROM config_owners")

@@ -45,11 +45,18 @@ class Transaction(Protocol):
     def executemany(self, sql: str, rows: Iterable[Sequence[Param]]) -> None: ...
 
     def insert_new(
-        self, table: str, columns: Sequence[str], key: str, rows: Iterable[Sequence[Param]]
-    ) -> None:
+        self,
+        table: str,
+        columns: Sequence[str],
+        key: str,
+        rows: Iterable[Sequence[Param]],
+        *,
+        returning: bool = False,
+    ) -> list[Any]:
         """Insert the rows (values in ``columns`` order) whose ``key`` column is not stored yet, skipping the
         others (a row repeated within ``rows`` is stored once), in whatever way is cheapest for the driver.
-        ``rows`` is read once, as it is used: a lazy iterable keeps the rows from all living at once."""
+        ``rows`` is read once, as it is used: a lazy iterable keeps the rows from all living at once.
+        Returns the keys of the rows it inserted when ``returning`` (what spend counters add), else []."""
         ...
 
     def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]: ...
@@ -119,19 +126,33 @@ class _SqliteTransaction:
             raise _map_error(exc) from exc
 
     def insert_new(
-        self, table: str, columns: Sequence[str], key: str, rows: Iterable[Sequence[Param]]
-    ) -> None:
+        self,
+        table: str,
+        columns: Sequence[str],
+        key: str,
+        rows: Iterable[Sequence[Param]],
+        *,
+        returning: bool = False,
+    ) -> list[Any]:
         width = len(columns)
         values = list(chain.from_iterable(rows))
         span = width * _ROWS_PER_INSERT
         whole = len(values) - len(values) % span
+        inserted: list[Any] = []
         try:
+            if returning:  # executemany gives no rows back: one statement at a time
+                for i in range(0, len(values), span):
+                    part = values[i : i + span]
+                    sql = self._statement(table, columns, key, len(part) // width) + f" RETURNING {key}"
+                    inserted += (row[0] for row in self._conn.execute(sql, part).fetchall())
+                return inserted
             if whole:
                 sql = self._statement(table, columns, key, _ROWS_PER_INSERT)
                 self._conn.executemany(sql, [values[i : i + span] for i in range(0, whole, span)])
             if whole < len(values):
                 sql = self._statement(table, columns, key, (len(values) - whole) // width)
                 self._conn.execute(sql, values[whole:])
+            return inserted
         except sqlite3.Error as exc:
             raise _map_error(exc) from exc
         except _BIND_ERRORS as exc:

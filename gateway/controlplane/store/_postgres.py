@@ -93,8 +93,14 @@ class _PgTransaction:
             raise _map_error(exc) from exc
 
     def insert_new(
-        self, table: str, columns: Sequence[str], key: str, rows: Iterable[Sequence[Param]]
-    ) -> None:
+        self,
+        table: str,
+        columns: Sequence[str],
+        key: str,
+        rows: Iterable[Sequence[Param]],
+        *,
+        returning: bool = False,
+    ) -> list[Any]:
         """COPY the rows into a temporary table of the connection's own, then one INSERT ... SELECT that
         skips the stored keys. No statement's text depends on the rows: a multi-row INSERT of bound values
         had psycopg re-parse its hundreds of placeholders in Python every time (it caches the conversion
@@ -129,9 +135,14 @@ class _PgTransaction:
                 write = copy.write_row
                 for row in rows:
                     write(row)
-            cur.execute(
+            insert = (
                 f"INSERT INTO {table} ({cols}) SELECT {cols} FROM {staging} ON CONFLICT ({key}) DO NOTHING"
             )
+            if not returning:
+                cur.execute(insert)
+                return []
+            cur.execute(f"{insert} RETURNING {key}")
+            return [row[0] for row in cur.fetchall()]
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
         except (OverflowError, TypeError, ValueError, struct.error) as exc:  # a value no dumper can write

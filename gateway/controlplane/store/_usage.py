@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.budget import KEY_OWNER
+from gateway.controlplane.store import _spend as counters
 from gateway.controlplane.store._driver import Driver
+from gateway.controlplane.store._spend import WindowSpend
 from gateway.usage_record import UsageRecord, to_unsigned64
 
-__all__ = ["RejectedRecord", "SpendRow", "UsageStore", "UsageSummaryRow"]
+__all__ = ["RejectedRecord", "UsageStore", "UsageSummaryRow", "WindowSpend"]
 
 _COLUMNS = (
     "request_id, ts, principal_id, key_id, model, backend, status, prompt_tokens, completion_tokens, "
@@ -68,18 +71,6 @@ class RejectedRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class SpendRow:
-    """Tokens and cost one principal (or one key) spent in a window, split by the live counters that also
-    hold them: those of its budgets' windows the requests were added to (unsigned 64-bit keys, as the
-    bucket table names them; empty for none)."""
-
-    owner_id: str  # the principal's id, or the key's
-    budget_keys: frozenset[int]
-    tokens: int
-    cost_nanos: int
-
-
-@dataclass(frozen=True, slots=True)
 class UsageSummaryRow:
     group: str
     requests: int
@@ -119,19 +110,32 @@ class UsageStore:
                 marks = ", ".join(["?"] * len(chunk))
                 found = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
                 seen.update(row[0] for row in found)
+            # Owners with budgets keep their spend in counters (``_spend``), to which only the records this
+            # transaction inserts add: the driver says which those are.
+            periods = counters.budgeted(tx, records)
+            counted = bool(periods)
             # The rows as exact tuples (sqlite3 binds those fastest), made as the driver reads them: a
             # record's own values with its trace and budget key lists as JSON text (``UsageRecord.row``).
+            inserted: list[Any] = []
             if not clamped:
-                tx.insert_new("usage_records", _NAMES, "request_id", map(_row, records))
+                inserted = tx.insert_new(
+                    "usage_records", _NAMES, "request_id", map(_row, records), returning=counted
+                )
             else:  # rare: the flagged ones apart, so that the others' rows stay as they are made
                 plain = [r for r in records if r.request_id not in clamped]
                 flagged = [
                     (*_row(r), ",".join(clamped[r.request_id])) for r in records if r.request_id in clamped
                 ]
                 if plain:
-                    tx.insert_new("usage_records", _NAMES, "request_id", map(_row, plain))
+                    inserted += tx.insert_new(
+                        "usage_records", _NAMES, "request_id", map(_row, plain), returning=counted
+                    )
                 if flagged:
-                    tx.insert_new("usage_records", (*_NAMES, "clamped"), "request_id", flagged)
+                    inserted += tx.insert_new(
+                        "usage_records", (*_NAMES, "clamped"), "request_id", flagged, returning=counted
+                    )
+            if counted and inserted:
+                counters.add_new(tx, _first_of(records, set(inserted)), periods)
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
@@ -177,6 +181,7 @@ class UsageStore:
                     "UPDATE usage_retention SET purged_before = ? WHERE id = 1 AND purged_before < ?",
                     (before, before),
                 )
+                counters.drop_ended(tx)
                 return 0
             for i in range(0, len(rows), _CHUNK):
                 chunk = [r[0] for r in rows[i : i + _CHUNK]]
@@ -191,6 +196,7 @@ class UsageStore:
                 "ELSE purged_before END, purged_rows = purged_rows + ? WHERE id = 1",
                 (done, done, len(rows)),
             )
+            counters.drop_ended(tx)  # windows whose records are all gone now
             return len(rows)
 
     def purged_before(self) -> float:
@@ -202,9 +208,12 @@ class UsageStore:
         with self._driver.transaction(write=False) as tx:
             return int(tx.query("SELECT COUNT(*) FROM usage_records")[0][0])
 
-    def spend(self, start: float, end: float, principal_ids: Sequence[str] | None = None) -> list[SpendRow]:
-        """Tokens and cost per principal and list of its budgets' live counters, for records that ended
-        in [start, end)."""
+    def spend(
+        self, start: float, end: float, principal_ids: Sequence[str] | None = None
+    ) -> list[WindowSpend]:
+        """Tokens and cost per principal, in all and held by each live counter, for records that ended in
+        [start, end): from the spend counters where a budget of the principal keeps that window, summed
+        from the records otherwise (and for every principal when ``principal_ids`` is None)."""
         sql = (
             "SELECT principal_id, budget_keys, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
             "WHERE ts >= ? AND ts < ?"
@@ -212,26 +221,27 @@ class UsageStore:
         group = " GROUP BY principal_id, budget_keys"
         with self._driver.transaction(write=False) as tx:
             if principal_ids is None:
-                rows = tx.query(sql + group, (start, end))
-            else:
-                rows = []
-                for i in range(0, len(principal_ids), _CHUNK):
-                    chunk = list(principal_ids[i : i + _CHUNK])
-                    marks = ", ".join(["?"] * len(chunk))
-                    rows += tx.query(f"{sql} AND principal_id IN ({marks}){group}", [start, end, *chunk])
-        return _spend_rows(rows)
+                return list(counters.from_groups(tx.query(sql + group, (start, end))).values())
+            kept, rest = counters.read(tx, principal_ids, start, end)
+            rows: list[Sequence[Any]] = []
+            for i in range(0, len(rest), _CHUNK):
+                chunk = list(rest[i : i + _CHUNK])
+                marks = ", ".join(["?"] * len(chunk))
+                rows += tx.query(f"{sql} AND principal_id IN ({marks}){group}", [start, end, *chunk])
+        return [*kept.values(), *counters.from_groups(rows).values()]
 
-    def key_spend(self, start: float, end: float, principal_of: Mapping[str, str]) -> list[SpendRow]:
-        """Tokens and cost per key of ``principal_of`` (key id -> its principal's id) and list of the
-        key's own budgets' live counters, for records that ended in [start, end). The principal narrows
-        the search to its index."""
+    def key_spend(self, start: float, end: float, principal_of: Mapping[str, str]) -> list[WindowSpend]:
+        """Tokens and cost per key of ``principal_of`` (key id -> its principal's id), in all and held by
+        each of the key's own live counters, for records that ended in [start, end): from the spend
+        counters where a budget of the key keeps that window, else summed from the records (the principal
+        narrows the search to its index)."""
         sql = (
             "SELECT key_id, key_budget_keys, SUM(total_tokens), SUM(cost_nanos) FROM usage_records "
             "WHERE ts >= ? AND ts < ?"
         )
-        keys = sorted(principal_of)
         rows: list[Sequence[Any]] = []
         with self._driver.transaction(write=False) as tx:
+            kept, keys = counters.read(tx, sorted(principal_of), start, end, KEY_OWNER)
             for i in range(0, len(keys), _CHUNK):
                 chunk = keys[i : i + _CHUNK]
                 owners = sorted({principal_of[k] for k in chunk})
@@ -240,7 +250,7 @@ class UsageStore:
                     f"AND key_id IN ({', '.join(['?'] * len(chunk))}) GROUP BY key_id, key_budget_keys",
                     [start, end, *owners, *chunk],
                 )
-        return _spend_rows(rows)
+        return [*kept.values(), *counters.from_groups(rows).values()]
 
     def summary(self, start: float, end: float, by: str, bucket: int | None = None) -> list[UsageSummaryRow]:
         """Totals for records that ended in [start, end), grouped by principal name, key, model, backend or
@@ -317,18 +327,9 @@ def _json(text: object) -> Any:
     return orjson.loads(text) if isinstance(text, str) else None
 
 
-def _spend_rows(rows: Sequence[Sequence[Any]]) -> list[SpendRow]:
-    """Rows of ``(owner, key list as JSON text, tokens, cost)``, each distinct list parsed once."""
-    parsed: dict[object, frozenset[int]] = {None: frozenset()}
-    out = []
-    for owner, keys, tokens, cost in rows:
-        held = parsed.get(keys)
-        if held is None:
-            try:
-                value = orjson.loads(keys) if isinstance(keys, str) else None
-            except orjson.JSONDecodeError:
-                value = None
-            listed = value if isinstance(value, list) else ()
-            held = parsed[keys] = frozenset(k for k in listed if type(k) is int)
-        out.append(SpendRow(str(owner), held, int(tokens or 0), int(cost or 0)))
-    return out
+def _first_of(records: Sequence[UsageRecord], ids: set[str]) -> Iterator[UsageRecord]:
+    """The records whose request id is in ``ids``, each id's first only (the one an insert stores)."""
+    for r in records:
+        if r.request_id in ids:
+            ids.discard(r.request_id)
+            yield r

@@ -42,7 +42,7 @@ import orjson
 
 from gateway.budget import KEY_OWNER, Budget, budgets_from_doc, window_key
 from gateway.controlplane.store import Store, StoreConflict, StoreDataError, StoreError
-from gateway.controlplane.store._usage import RejectedRecord, SpendRow
+from gateway.controlplane.store._usage import RejectedRecord, WindowSpend
 from gateway.controlplane.usage.budget_alerts import Alert, BudgetAlerts, WatchedWindow
 from gateway.controlplane.usage.metrics import Metrics
 from gateway.controlplane.usage.otel import OtelExporter
@@ -433,10 +433,10 @@ def _misses(base: _Base, ts: float, keys: Sequence[int] | None) -> bool:
     return base.start <= ts < base.end and (keys is None or base.key not in keys)
 
 
-def _add_unheld(bases: dict[str, list[_Base]], rows: list[SpendRow]) -> None:
-    """Add to each owner's bases the spend rows their live counters do not hold."""
+def _add_unheld(bases: dict[str, list[_Base]], rows: list[WindowSpend]) -> None:
+    """Add to each owner's bases the spend their live counters do not hold."""
     for row in rows:
         for base in bases.get(row.owner_id, ()):
-            if base.key not in row.budget_keys:
-                base.tokens += row.tokens
-                base.cost += row.cost_nanos
+            tokens, cost = row.unheld(base.key)
+            base.tokens += tokens
+            base.cost += cost
