@@ -399,9 +399,9 @@ def test_each_insert_writes_only_its_own_rows(store: Store) -> None:
     """Two inserts in one transaction: the second writes its rows only (on PostgreSQL both pass through
     one staging table), so a row deleted in between stays deleted."""
     with store._driver.transaction(write=True) as tx:
-        tx.insert_new("usage_records", NAMES, "request_id", [row(1), row(2)])
+        tx.insert_new("usage_records", NAMES, store.usage._key, [row(1), row(2)])
         tx.execute("DELETE FROM usage_records WHERE request_id = ?", ("req-000001",))
-        tx.insert_new("usage_records", NAMES, "request_id", [row(3)])
+        tx.insert_new("usage_records", NAMES, store.usage._key, [row(3)])
     assert sorted(r.request_id for r in store.usage.records()) == ["req-000002", "req-000003"]
 
 
@@ -410,7 +410,7 @@ def test_an_insert_after_a_rolled_back_one_still_writes(store: Store) -> None:
     may also undo the staging table's creation), and the inserts after it write as usual."""
     for attempt in range(6):  # enough for the pool to hand out each of its connections
         with pytest.raises(RuntimeError), store._driver.transaction(write=True) as tx:
-            tx.insert_new("usage_records", NAMES, "request_id", [row(100 + attempt)])
+            tx.insert_new("usage_records", NAMES, store.usage._key, [row(100 + attempt)])
             raise RuntimeError("the batch failed half-way")
         store.usage.insert([rec(attempt)])
     assert sorted(r.request_id for r in store.usage.records()) == [f"req-{i:06d}" for i in range(6)]

@@ -89,6 +89,8 @@ def store_vault(settings: Settings) -> Vault:
 class _Unavailable:
     """A driver for a database not reached yet: every transaction fails as an outage would."""
 
+    dialect = "postgresql"  # only a server can be out of reach
+
     def __init__(self, reason: str) -> None:
         self.reason = reason
 

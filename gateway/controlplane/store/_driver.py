@@ -56,7 +56,8 @@ class Transaction(Protocol):
         """Insert the rows (values in ``columns`` order) whose ``key`` column is not stored yet, skipping the
         others (a row repeated within ``rows`` is stored once), in whatever way is cheapest for the driver.
         ``rows`` is read once, as it is used: a lazy iterable keeps the rows from all living at once.
-        Returns the keys of the rows it inserted when ``returning`` (what spend counters add), else []."""
+        Returns the ``key`` columns of the rows it inserted, as tuples, when ``returning`` (what spend
+        counters add), else []."""
         ...
 
     def query(self, sql: str, params: Sequence[Param] = ()) -> list[Row]: ...
@@ -68,6 +69,10 @@ class Transaction(Protocol):
 
 
 class Driver(Protocol):
+    # "sqlite" or "postgresql": for the few places whose SQL differs (migrations, the usage table's
+    # partitions and its unique key).
+    dialect: str
+
     def transaction(self, *, write: bool) -> AbstractContextManager[Transaction]:
         """Commit on normal exit, roll back on an exception (which propagates).
 
@@ -144,7 +149,7 @@ class _SqliteTransaction:
                 for i in range(0, len(values), span):
                     part = values[i : i + span]
                     sql = self._statement(table, columns, key, len(part) // width) + f" RETURNING {key}"
-                    inserted += (row[0] for row in self._conn.execute(sql, part).fetchall())
+                    inserted += self._conn.execute(sql, part).fetchall()
                 return inserted
             if whole:
                 sql = self._statement(table, columns, key, _ROWS_PER_INSERT)
@@ -177,6 +182,8 @@ class _SqliteTransaction:
 
 class SqliteDriver:
     """One SQLite connection, usable from any thread one transaction at a time."""
+
+    dialect = "sqlite"
 
     def __init__(self, path: Path, *, busy_timeout: float = 10.0) -> None:
         try:

@@ -2,8 +2,10 @@
 
 Each migration runs in its own write transaction together with its row in ``schema_migrations``, so a
 failed migration leaves nothing behind and two processes opening the store at once apply it once. The
-files are portable SQL shared by every driver; they are split into statements at a ``;`` that ends a
-line, after ``--`` comments are removed (so neither may appear inside a string literal).
+files are portable SQL shared by every driver, except where a database needs its own:
+``NNNN_name.postgresql.sql`` (or ``.sqlite.sql``) then stands in for ``NNNN_name.sql`` on that database
+(the usage table's time partitions are PostgreSQL's alone). They are split into statements at a ``;``
+that ends a line, after ``--`` comments are removed (so neither may appear inside a string literal).
 Reads the migration files from the installed package; writes the database.
 """
 
@@ -19,7 +21,7 @@ from gateway.errors import StoreError
 
 __all__ = ["Migration", "apply_migrations", "available_migrations", "split_statements"]
 
-_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)(?:\.(postgresql|sqlite))?\.sql$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,15 +31,21 @@ class Migration:
     sql: str
 
 
-def available_migrations() -> list[Migration]:
-    """The packaged migrations, ordered by version; a gap or a duplicate version is a packaging bug."""
+def available_migrations(dialect: str = "sqlite") -> list[Migration]:
+    """The packaged migrations for ``dialect`` ("sqlite" or "postgresql"), ordered by version; a gap or a
+    duplicate version is a packaging bug."""
     folder = resources.files("gateway.controlplane.store").joinpath("migrations")
-    found: list[Migration] = []
+    generic: dict[int, Migration] = {}
+    own: dict[int, Migration] = {}
     for entry in folder.iterdir():
         m = _NAME.match(entry.name)
-        if m:
-            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda mig: mig.version)
+        if m and m.group(3) in (None, dialect):
+            mig = Migration(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8"))
+            into = generic if m.group(3) is None else own
+            if mig.version in into:
+                raise StoreError(f"two migrations numbered {mig.version:04d}")
+            into[mig.version] = mig
+    found = sorted({**generic, **own}.values(), key=lambda mig: mig.version)
     for expected, mig in enumerate(found, start=1):
         if mig.version != expected:
             raise StoreError(
@@ -71,7 +79,7 @@ def apply_migrations(driver: Driver, migrations: list[Migration] | None = None) 
             "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
         )
     applied: list[int] = []
-    for mig in available_migrations() if migrations is None else migrations:
+    for mig in available_migrations(driver.dialect) if migrations is None else migrations:
         with driver.transaction(write=True) as tx:
             if tx.query("SELECT 1 FROM schema_migrations WHERE version = ?", (mig.version,)):
                 continue

@@ -142,7 +142,7 @@ class _PgTransaction:
                 cur.execute(insert)
                 return []
             cur.execute(f"{insert} RETURNING {key}")
-            return [row[0] for row in cur.fetchall()]
+            return cur.fetchall()
         except psycopg.Error as exc:
             raise _map_error(exc) from exc
         except (OverflowError, TypeError, ValueError, struct.error) as exc:  # a value no dumper can write
@@ -178,6 +178,8 @@ class _Pool(ConnectionPool):
 
 class PostgresDriver:
     """A small pool of connections to one PostgreSQL database."""
+
+    dialect = "postgresql"
 
     def __init__(self, url: str, *, max_size: int = 4, timeout: float = 2.0) -> None:
         self.url = url

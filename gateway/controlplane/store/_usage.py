@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from gateway.budget import KEY_OWNER
+from gateway.controlplane.store import _partitions as partitions
 from gateway.controlplane.store import _spend as counters
 from gateway.controlplane.store._driver import Driver
 from gateway.controlplane.store._spend import WindowSpend
@@ -85,6 +86,10 @@ class UsageSummaryRow:
 class UsageStore:
     def __init__(self, driver: Driver) -> None:
         self._driver = driver
+        # PostgreSQL's table is partitioned by time (``_partitions``), and a partitioned table's unique key
+        # must hold the partition key: there a record is known by its request id and its end time.
+        self._partitioned = driver.dialect == "postgresql"
+        self._key = "request_id, ts" if self._partitioned else "request_id"
 
     def insert(
         self,
@@ -105,10 +110,13 @@ class UsageStore:
         with self._driver.transaction(write=True) as tx:
             seen: set[str] = set()
             ids = list({r.request_id for r in watched})
+            # Their end times bound the search: on PostgreSQL only the partitions they fall in are read.
+            low, high = (min(r.ts for r in watched), max(r.ts for r in watched)) if watched else (0.0, 0.0)
             for i in range(0, len(ids), _CHUNK):
                 chunk = ids[i : i + _CHUNK]
                 marks = ", ".join(["?"] * len(chunk))
-                found = tx.query(f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})", chunk)
+                sql = f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})"
+                found = tx.query(f"{sql} AND ts BETWEEN ? AND ?", [*chunk, low, high])
                 seen.update(row[0] for row in found)
             # Owners with budgets keep their spend in counters (``_spend``), to which only the records this
             # transaction inserts add: the driver says which those are.
@@ -119,7 +127,7 @@ class UsageStore:
             inserted: list[Any] = []
             if not clamped:
                 inserted = tx.insert_new(
-                    "usage_records", _NAMES, "request_id", map(_row, records), returning=counted
+                    "usage_records", _NAMES, self._key, map(_row, records), returning=counted
                 )
             else:  # rare: the flagged ones apart, so that the others' rows stay as they are made
                 plain = [r for r in records if r.request_id not in clamped]
@@ -128,14 +136,14 @@ class UsageStore:
                 ]
                 if plain:
                     inserted += tx.insert_new(
-                        "usage_records", _NAMES, "request_id", map(_row, plain), returning=counted
+                        "usage_records", _NAMES, self._key, map(_row, plain), returning=counted
                     )
                 if flagged:
                     inserted += tx.insert_new(
-                        "usage_records", (*_NAMES, "clamped"), "request_id", flagged, returning=counted
+                        "usage_records", (*_NAMES, "clamped"), self._key, flagged, returning=counted
                     )
             if counted and inserted:
-                counters.add_new(tx, _first_of(records, set(inserted)), periods)
+                counters.add_new(tx, _first_of(records, {tuple(k) for k in inserted}), periods)
         new: list[UsageRecord] = []
         for record in watched:
             if record.request_id not in seen:
@@ -171,22 +179,28 @@ class UsageStore:
 
     def prune(self, before: float, batch: int) -> int:
         """Delete up to ``batch`` of the oldest records that ended before ``before``, in one short
-        transaction; returns how many went. ``purged_before`` then says from when on records are whole."""
+        transaction; returns how many went. ``purged_before`` then says from when on records are whole.
+        On PostgreSQL the day partitions that end by ``before`` are dropped whole first (their rows
+        count, beyond ``batch``); what is left (the default partition's) goes row by row."""
         with self._driver.transaction(write=True) as tx:
+            dropped = partitions.drop_before(tx, before)[0] if self._partitioned else 0
             rows = tx.query(
                 "SELECT request_id, ts FROM usage_records WHERE ts < ? ORDER BY ts LIMIT ?", (before, batch)
             )
             if not rows:
                 tx.execute(
-                    "UPDATE usage_retention SET purged_before = ? WHERE id = 1 AND purged_before < ?",
-                    (before, before),
+                    "UPDATE usage_retention SET purged_before = ?, purged_rows = purged_rows + ? "
+                    "WHERE id = 1 AND purged_before < ?",
+                    (before, dropped, before),
                 )
                 counters.drop_ended(tx)
-                return 0
+                return dropped
             for i in range(0, len(rows), _CHUNK):
                 chunk = [r[0] for r in rows[i : i + _CHUNK]]
                 tx.execute(
-                    f"DELETE FROM usage_records WHERE request_id IN ({', '.join(['?'] * len(chunk))})", chunk
+                    f"DELETE FROM usage_records WHERE request_id IN ({', '.join(['?'] * len(chunk))}) "
+                    "AND ts < ?",
+                    [*chunk, before],
                 )
             # Everything older than the newest record deleted is gone too (the batch was the oldest);
             # when the batch was not full, everything before ``before`` is.
@@ -194,10 +208,18 @@ class UsageStore:
             tx.execute(
                 "UPDATE usage_retention SET purged_before = CASE WHEN purged_before < ? THEN ? "
                 "ELSE purged_before END, purged_rows = purged_rows + ? WHERE id = 1",
-                (done, done, len(rows)),
+                (done, done, dropped + len(rows)),
             )
             counters.drop_ended(tx)  # windows whose records are all gone now
-            return len(rows)
+            return dropped + len(rows)
+
+    def make_partitions(self, now: float, ahead: int = 2) -> list[str]:
+        """Make the usage table's day partitions from ``now``'s to ``ahead`` days on (PostgreSQL; nothing
+        on SQLite); returns the names made."""
+        if not self._partitioned:
+            return []
+        with self._driver.transaction(write=True) as tx:
+            return partitions.ensure(tx, now, ahead)
 
     def purged_before(self) -> float:
         """Records that ended before this time may have been purged (0.0: none ever were)."""
@@ -327,9 +349,12 @@ def _json(text: object) -> Any:
     return orjson.loads(text) if isinstance(text, str) else None
 
 
-def _first_of(records: Sequence[UsageRecord], ids: set[str]) -> Iterator[UsageRecord]:
-    """The records whose request id is in ``ids``, each id's first only (the one an insert stores)."""
+def _first_of(records: Sequence[UsageRecord], keys: set[tuple[Any, ...]]) -> Iterator[UsageRecord]:
+    """The records whose key (request id, and end time where it is part of the key) is in ``keys``, each
+    key's first only (the one an insert stores)."""
     for r in records:
-        if r.request_id in ids:
-            ids.discard(r.request_id)
-            yield r
+        for key in ((r.request_id,), (r.request_id, r.ts)):
+            if key in keys:
+                keys.discard(key)
+                yield r
+                break

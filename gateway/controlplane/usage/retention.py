@@ -1,16 +1,17 @@
 """Usage retention: which usage records may be purged, and purging them in small batches.
 
 Records older than ``--usage-retention-days`` go, except those inside the current window of any budget
-(a principal's or a key's): budgets read their spend from the records (``UsageStore.spend``), so a record
-a budget still counts is kept until its window has passed, and a purge never changes what a budget has
-left. The cutoff is therefore the earlier of "now less the retention" and the start of the oldest
-current budget window.
+(a principal's or a key's): budgets keep their windows' spend in counters (``_spend``), but open a
+window from the records and read the records for a window not kept, so a record a budget still counts is
+kept until its window has passed, and a purge never changes what a budget has left. The cutoff is
+therefore the earlier of "now less the retention" and the start of the oldest current budget window.
 Summaries (``gateway usage``, ``GET /admin/usage``) that reach back before ``purged_before`` say so.
 
 ``Purger`` runs in the control worker's loop: one batch (``BATCH`` rows, one short transaction) per
 loop turn while a purge is under way, so the loop (and the admin port it serves) never waits long, and a
-check for work every ``usage_purge_interval`` seconds otherwise. Each purge that removed anything is one
-audit entry. I/O: the store.
+check for work every ``usage_purge_interval`` seconds otherwise. On PostgreSQL a batch first drops whole
+the day partitions that end by the cutoff (``_partitions``), and ``Purger`` makes them days ahead. Each
+purge that removed anything is one audit entry. I/O: the store.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import time
 from gateway.budget import period_window
 from gateway.controlplane.store import Store
 
-__all__ = ["BATCH", "Purger", "purge", "retention_cutoff"]
+__all__ = ["BATCH", "PARTITIONS_AHEAD", "Purger", "purge", "retention_cutoff"]
+
+# Days of usage partitions made ahead of today (PostgreSQL), and seconds between the checks: a control
+# host down for two days still finds its records' partitions there when it comes back.
+PARTITIONS_AHEAD = 2
+PARTITIONS_INTERVAL = 3600.0
 
 log = logging.getLogger("gateway.controlplane")
 
@@ -59,11 +65,16 @@ class Purger:
         self.interval = interval
         self._next_check = 0.0
         self._cutoff: float | None = None  # set while a purge is under way
+        self._next_partitions = 0.0
         self._removed = 0
 
     def step(self) -> None:
         """May raise ``StoreError``; the worker's guard retries later, and the purge resumes where it was
-        (what was deleted is committed batch by batch)."""
+        (what was deleted is committed batch by batch). Also makes the usage table's day partitions ahead
+        (PostgreSQL), at start and every hour: the records of a day find their partition there."""
+        if time.monotonic() >= self._next_partitions:
+            self.store.usage.make_partitions(time.time(), PARTITIONS_AHEAD)
+            self._next_partitions = time.monotonic() + PARTITIONS_INTERVAL
         if self.days <= 0:
             return
         if self._cutoff is None:

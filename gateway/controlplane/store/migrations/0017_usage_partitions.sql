@@ -1,0 +1,2 @@
+-- The usage table partitioned by time: PostgreSQL's alone (0017_usage_partitions.postgresql.sql). SQLite
+-- keeps its one table, whose purge deletes rows; nothing changes here.
