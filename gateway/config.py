@@ -42,6 +42,9 @@ class Settings:
     admin_tls_key: Path | None = None
     control_ca: Path | None = None  # --role proxy: CA bundle that signed the control plane's certificate
     usage_spool_max_mb: int = 1024  # --role proxy: bound of the on-disk usage spool
+    # The control plane's bound on usage records from proxy hosts waiting for the store or being written;
+    # past it a batch is answered 503 with Retry-After and stays in its host's spool.
+    ingest_queue_max: int = 200_000
     host_id: str | None = None  # this host's id in the fleet; None: generated once into DATA_DIR/host-id
     admin_backlog: int = 2048  # admin port's listen backlog (a connection per proxy host)
     admin_backpressure: int = 2048  # connections the admin/cluster port serves at once

@@ -19,6 +19,7 @@ __all__ = [
     "GateFull",
     "GatewayError",
     "GatewayTimeout",
+    "IngestBusy",
     "MethodNotAllowed",
     "NotFound",
     "OwnershipConflict",
@@ -179,6 +180,16 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
     openai_type = "server_error"
     anthropic_type = "overloaded_error"
+
+
+class IngestBusy(ServiceUnavailable):
+    """The control plane holds as many usage records waiting for the store as it takes
+    (``--ingest-queue-max``): the batch is to be sent again after ``retry_after`` seconds."""
+
+    code = "ingest_busy"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
 class GateFull(ServiceUnavailable):

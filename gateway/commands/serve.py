@@ -63,6 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "is away (1024; env GATEWAY_USAGE_SPOOL_MAX_MB)",
     )
     p.add_argument(
+        "--ingest-queue-max",
+        type=positive_int,
+        default=os.environ.get("GATEWAY_INGEST_QUEUE_MAX") or None,
+        help="--role control/all: usage records from proxy hosts that may wait for the store or be in its "
+        "hands at once; past it a batch is answered 503 with Retry-After and stays in its host's spool "
+        "(200000; env GATEWAY_INGEST_QUEUE_MAX)",
+    )
+    p.add_argument(
         "--host-id",
         default=os.environ.get("GATEWAY_HOST_ID") or None,
         help="this host's id in the fleet (default: generated once and kept in DATA_DIR/host-id; "

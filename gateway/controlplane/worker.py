@@ -306,7 +306,12 @@ class ControlWorker:
         settings = self.settings
         if settings.admin_port is None:
             return None
-        app = ClusterApp(self, os.environ.get("GATEWAY_CLUSTER_TOKEN") or None, AdminApi(self))
+        app = ClusterApp(
+            self,
+            os.environ.get("GATEWAY_CLUSTER_TOKEN") or None,
+            AdminApi(self),
+            ingest_max=self.settings.ingest_queue_max,
+        )
         server = Server(
             app,
             address=settings.admin_host,

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
 
 from gateway.config import Settings
 from gateway.controlplane.fleet.shares import overshoot_bound
 from gateway.controlplane.store import open_store
+from gateway.controlplane.store._postgres import _WRITE_LOCK as WRITE_LOCK
+from gateway.usage_record import UsageRecord, encode_record
 from tests.fixtures.postgres import PostgresServer
 from tests.fixtures.processes import ROOT, Gateway, MockEngine, basic_config, free_port, stop_all, wait_until
 
@@ -62,12 +65,20 @@ class Cluster:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def start_control(self) -> Gateway:
+    def start_control(self, *more: str) -> Gateway:
         gw = Gateway(
             self.tmp,
             self.config,
             workers=1,
-            extra=("--role", "control", "--admin-port", str(self.admin_port), "--database", self.database),
+            extra=(
+                "--role",
+                "control",
+                "--admin-port",
+                str(self.admin_port),
+                "--database",
+                self.database,
+                *more,
+            ),
             env=ENV,
             wait=False,
         )
@@ -507,3 +518,81 @@ def test_a_budget_counts_every_host(
     time.sleep(2.5)  # the second host's record reaches the store, the first host's next report brings it
     assert ask(first) == 402  # on its own, the first host has seen only 800
     assert ask(second) == 402
+
+
+def test_a_store_that_falls_behind_gets_batches_later_never_lost_nor_twice(
+    tmp_path: Path, postgres_url: str, mock_engine: MockEngine
+) -> None:
+    """With more records waiting for the store than ``--ingest-queue-max`` (1 here), the control plane
+    answers usage batches 503 ``ingest_busy`` with Retry-After; the proxy host keeps its batches in its
+    spool and sends them again when the store has caught up: every record lands, once."""
+    config = basic_config({"a": mock_engine.url}, extra=OPS)
+    cluster = Cluster(tmp_path, postgres_url, free_port(), config, None, [])  # type: ignore[arg-type]
+    cluster.control = cluster.start_control("--ingest-queue-max", "1")
+    try:
+        (proxy,) = cluster.start_proxies(1)
+        key = cluster.cli("keys", "create", "--principal", "alice")
+        cluster.wait_key_live(key)
+        wait_until(lambda: chat(proxy, key).status_code == 200, timeout=5, what="key live")
+        spool = proxy.data_dir / "usage-spool"
+        auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+        other = encode_record(
+            UsageRecord(
+                "from-another-host",
+                time.time(),
+                "p",
+                "k",
+                "chat",
+                "a",
+                200,
+                1,
+                1,
+                0,
+                2,
+                "reported",
+                0,
+                1.0,
+                1.0,
+                None,
+            )
+        )
+        with psycopg.connect(postgres_url, autocommit=True) as lock, ThreadPoolExecutor(1) as pool:
+            # The store falls behind: its write lock held, the batch in its hands waits.
+            lock.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
+            in_hand = pool.submit(
+                httpx.post,
+                f"{cluster.admin_url}/cluster/usage",
+                content=b"[" + other + b"]",
+                headers=auth,
+                timeout=60,
+            )
+
+            answers: list[httpx.Response] = []
+
+            def refused() -> bool:
+                answers.append(
+                    httpx.post(f"{cluster.admin_url}/cluster/usage", content=b"[]", headers=auth, timeout=5)
+                )
+                return answers[-1].status_code == 503
+
+            wait_until(refused, timeout=10, what="a batch refused as busy")
+            busy = answers[-1]
+            assert busy.json()["error"]["code"] == "ingest_busy"
+            assert 1 <= int(busy.headers["retry-after"]) <= 30
+            ids = {chat(proxy, key).headers["x-request-id"] for _ in range(20)}
+            # The proxy host's batches were refused too: its records wait in its spool, on disk.
+            wait_until(lambda: any(spool.glob("*.json")), timeout=10, what="records spooled")
+            lock.execute("SELECT pg_advisory_unlock(%s)", (WRITE_LOCK,))
+            assert in_hand.result().status_code == 200
+        wait_until(lambda: ids <= set(cluster.records()), timeout=30, what="spooled records stored")
+        wait_until(lambda: not any(spool.glob("*.json")), timeout=10, what="spool emptied")
+        got = cluster.records()
+        assert len(got) == len(set(got))  # nothing twice
+        assert "from-another-host" in got
+        metrics = httpx.get(f"{cluster.admin_url}/metrics").text
+        busy_total = next(
+            line for line in metrics.splitlines() if line.startswith("gateway_cluster_usage_busy_total ")
+        )
+        assert int(busy_total.split()[1]) >= 2  # ours, and at least one of the proxy host's
+    finally:
+        cluster.stop()

@@ -7,7 +7,10 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   idempotently by request id, answered ``{"accepted": n}`` (n counts the records set aside too). A record
   that does not decode, or that the store cannot hold, is set aside in the store (``usage_rejected``, see
   ``usage.sink``) and the rest of the batch stored; a body that is not a JSON array gets 400 (the sender
-  keeps it aside in its spool).
+  keeps it aside in its spool). While more records from proxy hosts wait for the store than
+  ``--ingest-queue-max``, a batch gets ``503`` ``ingest_busy`` with ``Retry-After`` (seconds: about the
+  time the store takes to write what waits, 1 to 30), before its body is read: the host keeps it in its
+  spool and sends it again then.
 - ``POST /cluster/bodies``: a JSON array of logged bodies, already redacted by the proxy host that logged
   them (each a ``bodies.stored.StoredBodies`` row); written idempotently by request id, answered
   ``{"accepted": n}``. A row that does not read fails the batch with 400.
@@ -35,6 +38,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from functools import partial
@@ -48,7 +53,7 @@ from gateway.controlplane.api.request_body import read_body
 from gateway.controlplane.bodies.stored import StoredBodies
 from gateway.controlplane.store import StoreError
 from gateway.controlplane.store._usage import RejectedRecord
-from gateway.errors import BadRequest, GatewayError, NotFound, ServiceUnavailable, Unauthorized
+from gateway.errors import BadRequest, GatewayError, IngestBusy, NotFound, ServiceUnavailable, Unauthorized
 from gateway.usage_record import UsageRecord, record_from_values
 
 __all__ = ["ClusterApp", "SnapshotSource"]
@@ -88,7 +93,14 @@ class SnapshotSource(Protocol):
 class ClusterApp:
     """The RSGI application of the control worker's admin port."""
 
-    def __init__(self, source: SnapshotSource, token: str | None, admin: AdminApi | None = None) -> None:
+    def __init__(
+        self,
+        source: SnapshotSource,
+        token: str | None,
+        admin: AdminApi | None = None,
+        *,
+        ingest_max: int = 200_000,
+    ) -> None:
         self.source = source
         self.token = token.encode() if token else None
         self.admin = admin
@@ -96,6 +108,16 @@ class ClusterApp:
         # one transaction, so that 500 hosts each shipping every second do not queue 500 transactions.
         self._waiting: list[tuple[list[UsageRecord], list[RejectedRecord], asyncio.Future[None]]] = []
         self._writing = False
+        # Backpressure: records waiting for the store or in its hands. Past ``ingest_max`` a batch is
+        # answered 503 (``IngestBusy``) with a Retry-After of about the time the store takes to write what
+        # waits (``_rate``, records a second, from its recent writes), and stays in its host's spool:
+        # what the store cannot keep up with waits on the proxy hosts' disks, not in this process's
+        # memory, and the store writes at its pace instead of drowning in batches that time out and come
+        # back.
+        self.ingest_max = ingest_max
+        self._pending = 0
+        self._rate = 0.0
+        self.refused_busy = 0
 
     def __rsgi_init__(self, loop: Any) -> None:
         pass
@@ -112,7 +134,7 @@ class ClusterApp:
     async def handle(self, scope: Any, proto: Any) -> tuple[int, list[tuple[str, str]], bytes]:
         path, method = scope.path, scope.method
         if path == "/metrics" and method == "GET":
-            text = await _on(self.source.store_calls, self.source.metrics_text)
+            text = await _on(self.source.store_calls, self.source.metrics_text) + self._ingest_metrics()
             return 200, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], text
         if self.admin is not None:
             if path.startswith("/admin/"):
@@ -135,6 +157,8 @@ class ClusterApp:
         if path == "/cluster/snapshot" and method == "GET":
             return self.snapshot(scope.headers.get("if-none-match"))
         if path == "/cluster/usage" and method == "POST":
+            if self._pending >= self.ingest_max:
+                raise self._busy()  # before reading what would only wait
             return await self.usage(await read_body(proto, scope.headers, MAX_USAGE_BODY))
         if path == "/cluster/bodies" and method == "POST":
             return await self.bodies(await read_body(proto, scope.headers, MAX_USAGE_BODY))
@@ -168,8 +192,11 @@ class ClusterApp:
                     batches, self._waiting = self._waiting, []
                     joined = [r for recs, _, _ in batches for r in recs]
                     aside = [r for _, recs, _ in batches for r in recs]
+                    began = time.monotonic()
                     try:
                         await _on(self.source.store_calls, self.source.store_usage, joined, aside)
+                        rate = len(joined) / max(time.monotonic() - began, 1e-3)
+                        self._rate = rate if not self._rate else 0.8 * self._rate + 0.2 * rate
                     except StoreError as exc:
                         for _, _, waiting in batches:
                             waiting.set_exception(exc)
@@ -207,12 +234,39 @@ class ClusterApp:
                 records.append(record_from_values(value))
             except ValueError as exc:  # set aside by the sink, which counts and logs them
                 rejected.append(RejectedRecord.of(orjson.dumps(value), "cluster", f"invalid: {exc}"))
+        # One batch larger than the bound is taken when nothing waits, so that no batch is refused forever.
+        if self._pending and self._pending + len(values) > self.ingest_max:
+            raise self._busy()
+        self._pending += len(values)
         try:
             await self._store(records, rejected)
         except StoreError as exc:
             log.error("usage batch of %d records not stored: %s", len(values), exc)
             raise ServiceUnavailable("the store is unavailable; send the batch again later") from None
+        finally:
+            self._pending -= len(values)
         return 200, _JSON, orjson.dumps({"accepted": len(values)})
+
+    def _busy(self) -> IngestBusy:
+        self.refused_busy += 1
+        seconds = math.ceil(self._pending / self._rate) if self._rate > 0 else 1
+        return IngestBusy(
+            f"{self._pending} usage records wait for the store (--ingest-queue-max {self.ingest_max}); "
+            "send the batch again later",
+            min(max(seconds, 1), 30),
+        )
+
+    def _ingest_metrics(self) -> bytes:
+        return (
+            "# HELP gateway_cluster_usage_busy_total Usage batches from proxy hosts answered 503 "
+            "ingest_busy (more records waited for the store than --ingest-queue-max); they stay spooled.\n"
+            "# TYPE gateway_cluster_usage_busy_total counter\n"
+            f"gateway_cluster_usage_busy_total {self.refused_busy}\n"
+            "# HELP gateway_cluster_usage_pending_records Usage records from proxy hosts waiting for the "
+            "store or being written.\n"
+            "# TYPE gateway_cluster_usage_pending_records gauge\n"
+            f"gateway_cluster_usage_pending_records {self._pending}\n"
+        ).encode()
 
     async def bodies(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         rows = _batch(body, "bodies", "row", StoredBodies.from_wire)

@@ -17,7 +17,10 @@ cluster token:
   (``spool``: a file per batch, fsynced before the rings' tails move, bounded by ``--usage-spool-max-mb``),
   so that a host that dies or stops during an outage has its records on disk. The spool is sent again,
   oldest first, as the backoff allows. The control plane writes records idempotently by request id, so a
-  batch sent twice (a crash between sending and moving a tail) is stored once.
+  batch sent twice (a crash between sending and moving a tail) is stored once. A control plane whose store
+  is behind answers ``503`` with ``Retry-After`` (``ingest_busy``): the batch goes to the spool like in an
+  outage, and is sent again after about that long (spread by a quarter either way over hosts), without
+  the outage's growing backoff.
 - **Bodies.** Every tick it empties the body-log rings too, redacting each body here by the entry that
   logged it (``bodies``), so no unredacted body leaves the host, and sends them to ``POST
   /cluster/bodies``. Bodies are not spooled: while the control plane does not answer they are dropped
@@ -38,7 +41,9 @@ I/O: HTTP to the control plane, the data directory, the shared segments.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -87,6 +92,14 @@ def run_remote_control_worker(settings: Settings, shared: SharedRegions) -> int:
 
 class _Unanswered(Exception):
     """The control plane did not take the request (unreachable, timeout, 5xx)."""
+
+
+class _Busy(_Unanswered):
+    """The control plane is up but its store is behind (``503`` with ``Retry-After``): send again then."""
+
+    def __init__(self, message: str, after: float) -> None:
+        super().__init__(message)
+        self.after = after
 
 
 class RemoteControlWorker:
@@ -382,8 +395,13 @@ class RemoteControlWorker:
         self._ship_at = 0.0
 
     def _ship_failed(self, exc: Exception) -> None:
-        self._ship_at = time.monotonic() + self._ship_backoff
-        self._ship_backoff = min(self._ship_backoff * 2, BACKOFF_MAX)
+        if isinstance(exc, _Busy):
+            # Up but behind: when it says, spread over hosts (so that they do not all come back at once),
+            # and without growing the backoff, which is for a control plane that does not answer.
+            self._ship_at = time.monotonic() + exc.after * random.uniform(0.75, 1.25)
+        else:
+            self._ship_at = time.monotonic() + self._ship_backoff
+            self._ship_backoff = min(self._ship_backoff * 2, BACKOFF_MAX)
         log.debug("usage not sent: %s", exc)
 
     def _read_rings(self) -> tuple[list[tuple[int, int]], bytes]:
@@ -425,6 +443,9 @@ class RemoteControlWorker:
             kept.write_bytes(body)
             log.error("control plane refused a usage batch (kept in %s): %s", kept, resp.text[:200])
             return
+        after = _retry_after(resp.headers.get("retry-after"))
+        if resp.status_code in (429, 503) and after is not None:
+            raise _Busy(f"HTTP {resp.status_code}: {resp.text[:200]}", after)
         raise _Unanswered(f"HTTP {resp.status_code}: {resp.text[:200]}")
 
     # -- bodies ------------------------------------------------------------------------------------------
@@ -505,6 +526,15 @@ def _batches(rows: list[StoredBodies], limit: int) -> list[list[StoredBodies]]:
         out[-1].append(row)
         size += weight
     return out
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (the control plane sends whole seconds), bounded to the backoff's cap."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), BACKOFF_MAX) if math.isfinite(seconds) else None
 
 
 def pending_spool(data_dir: Path) -> int:
