@@ -201,6 +201,32 @@ def test_usage_from_every_proxy_lands_once(cluster: Cluster) -> None:
     assert len(got) == len(set(got)) == 62  # the two probes above, and the sixty
 
 
+def test_usage_reports_and_shares_never_change_the_snapshot_revision(cluster: Cluster) -> None:
+    """Traffic on every proxy (usage batches, budget spend, reports answered with shares) leaves the
+    snapshot's revision as it was: a poll with its ETag stays 304. Only a configuration write moves it."""
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    key = cluster.cli("keys", "create", "--principal", "capped")
+    cluster.wait_key_live(key)
+    first = httpx.get(f"{cluster.admin_url}/cluster/snapshot", headers=auth)
+    etag = first.headers["etag"]
+    ids = {chat(cluster.proxies[i % 2], key).headers["x-request-id"] for i in range(30)}
+    wait_until(lambda: ids <= set(cluster.records()), timeout=10, what="usage at the control plane")
+    time.sleep(2.5)  # two report intervals: shares and budget bases answered meanwhile
+    again = httpx.get(f"{cluster.admin_url}/cluster/snapshot", headers={**auth, "if-none-match": etag})
+    assert again.status_code == 304
+    cluster.cli("keys", "create", "--principal", "alice")  # a configuration write
+    wait_until(
+        lambda: (
+            httpx.get(
+                f"{cluster.admin_url}/cluster/snapshot", headers={**auth, "if-none-match": etag}
+            ).status_code
+            == 200
+        ),
+        timeout=5,
+        what="a new revision",
+    )
+
+
 def test_kill_9_of_a_proxy_host_s_supervisor_loses_no_usage(
     cluster: Cluster, mock_engine: MockEngine
 ) -> None:
