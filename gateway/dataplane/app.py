@@ -211,6 +211,7 @@ class ProxyApp:
                 "usage_backlog": len(accounting.usage.backlog) if accounting.usage is not None else 0,
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
                 "credentials": forwarder.credentials.as_dict() if forwarder else {},
+                "flow": self.load.flow_stats.as_dict(self.load.flow.depth),
             }
             document["live"] = accounting.live_doc(LIVE_LIMIT)
             document["live_count"] = len(accounting.live)
@@ -399,7 +400,10 @@ class ProxyApp:
         client = exchange.open(proto, headers, out, path, decision.tag, decision.rule, capture)
         try:
             attempted = await self.run_guarded(
-                client, forwarder.forward(client, out, targets, scope, exchange.trace, exchange.request_span)
+                client,
+                forwarder.forward(
+                    client, out, targets, scope, exchange.trace, exchange.request_span, key, route
+                ),
             )
         except BaseException as exc:
             exchange.finish(client, None, exc)

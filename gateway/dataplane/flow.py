@@ -18,9 +18,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["CRITICAL", "PRIORITIES", "SHEDDABLE", "STANDARD", "FlowQueue", "Waiter", "priority_rank"]
+__all__ = [
+    "CRITICAL",
+    "PRIORITIES",
+    "SHEDDABLE",
+    "STANDARD",
+    "WAIT_BUCKETS",
+    "FlowQueue",
+    "Waiter",
+    "priority_rank",
+]
 
 PRIORITIES = ("critical", "standard", "sheddable")  # index = rank; a lower rank goes first
+# Seconds a dispatched request waited: the bounds of the per-priority wait histogram.
+WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CRITICAL, STANDARD, SHEDDABLE = 0, 1, 2
 
 T = TypeVar("T")

@@ -24,7 +24,11 @@ def drain(q: FlowQueue[str], n: int | None = None) -> list[str]:
 
 
 def test_priority_names() -> None:
-    assert [priority_rank(n) for n in ("critical", "standard", "sheddable")] == [CRITICAL, STANDARD, SHEDDABLE]
+    assert [priority_rank(n) for n in ("critical", "standard", "sheddable")] == [
+        CRITICAL,
+        STANDARD,
+        SHEDDABLE,
+    ]
     assert priority_rank("urgent") is None and priority_rank(None) is None
 
 
