@@ -174,14 +174,11 @@ class BackendLoad:
             return max(1, min(state.ceiling, backend.max_concurrency))
         return backend.max_concurrency
 
-    def enter(self, backend: Backend) -> Place | None:
-        """A place on ``backend``, or None when it is saturated (or this worker's waiters are queued for
-        it: a newcomer does not overtake them)."""
-        if self._queued_on and backend.name in self._queued_on:
+    def enter(self, backend: Backend, dispatching: bool = False) -> Place | None:
+        """A place on ``backend``, or None when it is saturated, or when this worker's waiters are queued
+        for it and this is not their dispatch (a newcomer does not overtake them)."""
+        if self._queued_on and not dispatching and backend.name in self._queued_on:
             return None
-        return self._enter(backend)
-
-    def _enter(self, backend: Backend) -> Place | None:
         if self._kv and self._kv_saturated(backend):
             return None
         if self.table is None:
@@ -287,7 +284,7 @@ class BackendLoad:
                 continue
             targets = entry.reorder(entry.targets) if entry.reorder is not None else entry.targets
             for target in targets:
-                place = self._enter(target.backend)
+                place = self.enter(target.backend, True)
                 if place is not None:
                     flow.dispatch(waiter)
                     self.flow_stats.waited(waiter.priority, now - entry.since)
