@@ -173,6 +173,7 @@ class ProxyApp:
             return False
         self.snapshot = snap
         self._models_cache = {}
+        self.load.set_kv_floor(min((b.kv_high_water for b in snap.backends.values()), default=1.0))
         if self.accounting.limiter is not None:
             self.accounting.limiter.forget_plans()
             # The host's control slot writes the shares before it publishes a first snapshot: read them

@@ -129,7 +129,10 @@ class BackendLoad:
         self.flow_stats = FlowStats()
         self._queued_on: dict[str, int] = {}  # backend -> this worker's waiters that name it
         self._poller: asyncio.Task[None] | None = None
-        self._kv: dict[str, float] = {}  # backend -> its engine's KV cache use, where the scrape has one
+        # Backend -> its engine's KV cache use, only where it is at or above the lowest kv_high_water of
+        # the snapshot's backends: empty (one test in ``enter``) while no engine comes near its high water.
+        self._kv: dict[str, float] = {}
+        self._kv_floor = 0.0
         self._engine_seq = b""
 
     # -- Load (gateway.routing.load) -------------------------------------------------------------------
@@ -328,6 +331,18 @@ class BackendLoad:
         )
 
     # -- the engines' document -----------------------------------------------------------------------------
+    def set_kv_floor(self, floor: float) -> None:
+        """The lowest ``kv_high_water`` of the snapshot's backends (called when a snapshot is taken)."""
+        if floor != self._kv_floor:
+            self._kv_floor = floor
+            self._kv_hot()
+
+    def _kv_hot(self) -> None:
+        floor = self._kv_floor
+        self._kv = {
+            n: s.kv_cache for n, s in self.engines.items() if s.kv_cache is not None and s.kv_cache >= floor
+        }
+
     def refresh_engines(self) -> bool:
         """Re-read the scraper's document when it changed; True when it did."""
         if self.stats is None:
@@ -341,6 +356,6 @@ class BackendLoad:
         except orjson.JSONDecodeError:
             return False
         self.engines = engine_states(doc)
-        self._kv = {n: s.kv_cache for n, s in self.engines.items() if s.kv_cache is not None}
+        self._kv_hot()
         self.unhealthy = any(not s.healthy for s in self.engines.values())
         return True

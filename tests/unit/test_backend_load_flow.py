@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Sequence
 
+import orjson
 import pytest
 
 from gateway.dataplane.backend_load import BackendLoad, Place
@@ -14,8 +15,8 @@ from gateway.dataplane.flow import CRITICAL, SHEDDABLE, STANDARD
 from gateway.errors import GateFull
 from gateway.native import BucketTable
 from gateway.native._buckets import region_size
-from gateway.routing.load import EngineState
 from gateway.shm.bucket_keys import backend_keys
+from gateway.shm.worker_stats import WorkerStats, region_bytes
 from gateway.snapshot import Backend, Target
 
 
@@ -37,7 +38,7 @@ def backend(name: str, queue_size: int = 2, queue_timeout: float = 5.0) -> Backe
 @pytest.fixture
 def load() -> Iterator[BackendLoad]:
     with BucketTable.create_layout(bytearray(region_size(16)), 16) as table:
-        yield BackendLoad(table, None)
+        yield BackendLoad(table, None, WorkerStats(memoryview(bytearray(region_bytes(1)))))
 
 
 async def settle() -> None:
@@ -124,12 +125,18 @@ def test_a_newcomer_does_not_overtake_this_workers_waiters(load: BackendLoad) ->
 
 def test_kv_cache_high_water_saturates_a_backend_with_requests_on_it(load: BackendLoad) -> None:
     b = Backend("b", "http://127.0.0.1:1", None, "openai", 1.0, 1.0, 1.0, kv_high_water=0.9)
-    load.engines = {"b": EngineState(kind="vllm", kv_cache=0.95)}
-    load._kv = {"b": 0.95}  # what refresh_engines derives from the scraper's document
-    first = load.enter(b)
-    assert first is not None  # nothing in flight: the engine's cache is its own business
-    assert load.enter(b) is None  # one in flight and the cache at 0.95 >= 0.9: saturated
-    load._kv = {"b": 0.5}
+    load.set_kv_floor(0.9)  # the snapshot's lowest kv_high_water
+    for kv in (0.95, 0.5):
+        # What the host's scraper publishes, read as a worker reads it.
+        assert load.stats is not None
+        load.stats.write(
+            load.stats.engine_slot, orjson.dumps({"backends": {"b": {"kind": "vllm", "kv_cache": kv}}})
+        )
+        assert load.refresh_engines()
+        if kv == 0.95:
+            first = load.enter(b)
+            assert first is not None  # nothing in flight: the engine's cache is its own business
+            assert load.enter(b) is None  # one in flight and the cache at 0.95 >= 0.9: saturated
     second = load.enter(b)
     assert second is not None
     load.leave(b, first)
