@@ -258,7 +258,7 @@ class BackendLoad:
                 # Dispatched as this request was cancelled (its client left): the place goes back.
                 target, place = future.result()
                 self.leave(target.backend, place)
-            elif queued_on:
+            elif not handed and queued_on:
                 self._pump()  # the backends it blocked may have places for those behind it
 
     def _shed(self, victim: Waiter[_Wait], newcomer: _Wait, queue_key: int) -> None:
