@@ -70,7 +70,7 @@ def _words(rng: random.Random, vocabulary: list[str], tokens: int) -> str:
     """Random words, cut to exactly ``tokens`` tokens (4 bytes each)."""
     size = tokens * BYTES_PER_TOKEN
     parts: list[str] = []
-    length = 0
+    length = -1  # the joined length: a space between words
     while length < size:
         word = rng.choice(vocabulary)
         parts.append(word)
@@ -99,7 +99,11 @@ def make_workload(
         system = rng.randrange(systems)
         count = rng.randint(*turns)
         session_turns = tuple(
-            Turn(_words(rng, vocabulary, rng.randint(*user_tokens)), rng.randint(*answer_tokens), rng.expovariate(1.0))
+            Turn(
+                _words(rng, vocabulary, rng.randint(*user_tokens)),
+                rng.randint(*answer_tokens),
+                rng.expovariate(1.0),
+            )
             for _ in range(count)
         )
         out.append(Session(i, system, start, session_turns))
