@@ -272,15 +272,19 @@ def fairness(args: argparse.Namespace, workload: Any, sim: bool) -> None:
     load = rq.Load("fairness", args.moderate, args.think)
     flags, _ = rq.plan_cache(workload, load, args.cache_share, sim)
     seconds = 5.0 if args.quick else args.fairness_seconds
+    rate, gate = args.fairness_rate, args.fairness_gate
     with tempfile.TemporaryDirectory(prefix="routing-fairness-") as tmp:
-        f = rq.fairness(workload, Path(tmp), flags, args.fairness_rate, seconds)
+        f = rq.fairness(workload, Path(tmp), flags, rate, seconds, args.fairness_gate, args.flood)
+    share = f["capacity"] / 2  # two tenants of equal weight
     print(
-        f"\n## Fairness: tenant B (standard) at {args.fairness_rate:g} req/s, then beside tenant A "
-        f"(sheddable) at {5 * args.fairness_rate:g} req/s; {seconds:g} s each; gateway, backends gated at 8"
+        f"\n## Fairness: tenant B at {rate:g} req/s, then beside tenant A at {f['rate_a']:.1f} req/s "
+        f"({args.flood:g}x its share); {seconds:g} s each; the gateway, every backend gated at {gate}\n"
     )
-    if "skipped" in f:
-        print(f"\nskipped: {f['skipped']}")
-        return
+    print(f"Mode: {f['mode']}.\n")
+    print(
+        f"The gated fleet serves about {f['capacity']:.1f} req/s (4 x {gate} in flight over B's mean "
+        f"request time alone): a tenant's share is {share:.1f} req/s; B sends {rate / share:.1f}x its share."
+    )
     (a50, a99), (f50, f99) = f["b_alone"], f["b_flood"]
     print("\n| tenant B | requests | TTFT p50 ms | p99 |\n|---|---:|---:|---:|")
     print(f"| alone | {f['b_requests'][0]} | {a50:.0f} | {a99:.0f} |")
@@ -318,6 +322,8 @@ def main() -> None:
     parser.add_argument("--fairness", action="store_true", help="add the fairness scenario (gateway only)")
     parser.add_argument("--fairness-rate", type=float, default=2.0, help="tenant B's requests per second")
     parser.add_argument("--fairness-seconds", type=float, default=30.0)
+    parser.add_argument("--fairness-gate", type=int, default=2, help="max_concurrency of each backend")
+    parser.add_argument("--flood", type=float, default=5.0, help="tenant A's rate over its fair share")
     parser.add_argument("--quick", action="store_true", help="2 turns a session, 5 s fairness phases")
     args = parser.parse_args()
     unknown = [r for r in args.routers if r != "smg" and r not in POLICIES]

@@ -121,29 +121,31 @@ def sim_flags(blocks: int) -> list[str]:
     return flags
 
 
-def gateway_pool_config(urls: Sequence[str], policy: str, fairness: bool = False) -> str:
-    """Model ``chat`` whose one rule routes to pool ``fleet`` of the engines under ``policy``. With
-    ``fairness``, flow control (branch h-flow): each backend gated at 8 in flight, tenant A's key
-    sheddable and B's standard, equal weights."""
+def gateway_pool_config(urls: Sequence[str], policy: str, tenants: str = "", gate: int = 2) -> str:
+    """Model ``chat`` whose one rule routes to pool ``fleet`` of the engines under ``policy``, one key.
+    With ``tenants``, two tenants' keys instead and each backend gated at ``gate`` in flight; ``"flow"`` adds
+    flow control's priorities and weights: tenant A's key sheddable, B's standard, equal weights."""
     lines = []
-    gate = "max_concurrency = 8\n" if fairness else ""
+    gated = f"max_concurrency = {gate}\n" if tenants else ""
     for i, url in enumerate(urls):
-        lines += [f'[[backends]]\nname = "e{i}"\nurl = "{url}"\nfirst_byte_timeout = 300.0\n{gate}']
+        lines += [f'[[backends]]\nname = "e{i}"\nurl = "{url}"\nfirst_byte_timeout = 300.0\n{gated}']
         target = f'{{ backend = "e{i}", model = "mock-model" }}'
         lines += [f'[[provider_models]]\nname = "pm-e{i}"\nbackends = [{target}]\n']
     members = ", ".join(f'"pm-e{i}"' for i in range(len(urls)))
     lines += [f'[[pools]]\nname = "fleet"\npolicy = "{policy}"\nmembers = [{members}]\n']
     lines += ['[[models]]\nname = "chat"\nchain = ["pm-e0"]\n', '[[models.rules]]\nroute = ["fleet"]\n']
     lines += ['[[roles]]\nname = "r"\npermissions = ["model/*"]\n']
-    if not fairness:
+    if not tenants:
         lines += ['[[principals]]\nname = "p"\nroles = ["r"]\n']
         lines += [f'[[keys]]\nname = "k"\nprincipal = "p"\nsecret = "{KEY}"\n']
         return "\n".join(lines)
+    flow = tenants == "flow"
     for tenant, key, priority in (("a", KEY_A, "sheddable"), ("b", KEY_B, "standard")):
-        lines += [f'[[principals]]\nname = "tenant-{tenant}"\nroles = ["r"]\nweight = 1\n']
+        weight = "weight = 1\n" if flow else ""
+        lines += [f'[[principals]]\nname = "tenant-{tenant}"\nroles = ["r"]\n{weight}']
         lines += [
             f'[[keys]]\nname = "key-{tenant}"\nprincipal = "tenant-{tenant}"\nsecret = "{key}"\n'
-            f'priority = "{priority}"\n'
+            + (f'priority = "{priority}"\n' if flow else "")
         ]
     return "\n".join(lines)
 
@@ -343,30 +345,56 @@ async def _open_loop(
 
 
 def fairness(
-    workload: Workload, work: Path, engine_flags: list[str], rate: float, seconds: float
+    workload: Workload,
+    work: Path,
+    engine_flags: list[str],
+    rate: float,
+    seconds: float,
+    gate: int,
+    flood: float,
 ) -> dict[str, Any]:
-    """Tenant B alone, then B beside A at five times B's rate; the gateway with flow control."""
+    """Tenant B alone, then B beside A at ``flood`` times its share; the gateway with flow control, or, where
+    this checkout refuses its config, with the gates alone (the baseline), which ``mode`` says."""
     services: list[Service] = []
     try:
         engines = _start_fleet(work, engine_flags)
         services += engines
-        config = gateway_pool_config([e.url for e in engines], "round_robin", fairness=True)
-        gateway = GatewayService(work, engines[0].url, workers=2, accounted=False, config=config)
+        urls = [e.url for e in engines]
+        mode = "flow control (A sheddable, B standard, equal weights)"
+        (work / "flow").mkdir()
+        gateway = GatewayService(
+            work / "flow", urls[0], workers=2, accounted=False,
+            config=gateway_pool_config(urls, "round_robin", tenants="flow", gate=gate),
+        )  # fmt: skip
         try:
             gateway.start()
         except (RuntimeError, TimeoutError) as exc:
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            return {"skipped": f"the gateway refused the flow-control config: {last}"}
+            mode = f"NO flow control, the gates alone (this checkout refused priorities: {last})"
+            gateway.stop()
+            (work / "gate").mkdir()
+            gateway = GatewayService(
+                work / "gate", urls[0], workers=2, accounted=False,
+                config=gateway_pool_config(urls, "round_robin", tenants="gate", gate=gate),
+            )  # fmt: skip
+            gateway.start()
         services.append(gateway)
+
+        alone = _loop_run(_open_loop(gateway.port, KEY_B, workload, rate, seconds, 1))
+        # The gated fleet's capacity in requests per second, from B's requests alone: at most ``gate`` in
+        # flight per engine, each taking the mean seconds B's took. Two tenants of equal weight: a
+        # tenant's share is half of it, and A sends ``flood`` times that.
+        alone_seconds = [a.seconds for a in alone if a.status == 200 and not a.error]
+        capacity = ENGINES * gate / statistics.fmean(alone_seconds) if alone_seconds else 2 * rate
+        rate_a = flood * capacity / 2
 
         async def both() -> tuple[list[Answer], list[Answer]]:
             a, b = await asyncio.gather(
-                _open_loop(gateway.port, KEY_A, workload, 5 * rate, seconds, 2),
+                _open_loop(gateway.port, KEY_A, workload, rate_a, seconds, 2),
                 _open_loop(gateway.port, KEY_B, workload, rate, seconds, 1),
             )
             return a, b
 
-        alone = _loop_run(_open_loop(gateway.port, KEY_B, workload, rate, seconds, 1))
         flood_a, flood_b = _loop_run(both())
     finally:
         _stop(services[::-1])
@@ -376,6 +404,9 @@ def fairness(
         return percentile(ms, 50), percentile(ms, 99)
 
     return {
+        "mode": mode,
+        "capacity": capacity,
+        "rate_a": rate_a,
         "b_alone": ttft(alone),
         "b_flood": ttft(flood_b),
         "b_requests": (len(alone), len(flood_b)),
