@@ -291,7 +291,8 @@ def fairness(args: argparse.Namespace, workload: Any, sim: bool) -> None:
     print(f"| under A's flood | {f['b_requests'][1]} | {f50:.0f} | {f99:.0f} |")
     print(
         f"\nA: {f['a_requests']} requests, {f['a_429']} answered 429, {f['a_other_errors']} other errors; "
-        f"B: {f['b_429']} answered 429, {f['b_errors']} errors in all."
+        f"B: {f['b_429']} answered 429, {f['b_errors']} errors in all. Not 200 (status: count): "
+        f"A {f['a_statuses']}, B {f['b_statuses']}."
     )
 
 

@@ -344,6 +344,15 @@ async def _open_loop(
     return answers
 
 
+def _statuses(answers: list[Answer]) -> dict[int, int]:
+    """How many answers of each status other than a complete 200 (0: no answer)."""
+    out: dict[int, int] = {}
+    for a in answers:
+        if a.status != 200 or a.error:
+            out[a.status] = out.get(a.status, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def fairness(
     workload: Workload,
     work: Path,
@@ -414,9 +423,9 @@ def fairness(
         "b_errors": sum(a.status != 200 or bool(a.error) for a in alone + flood_b),
         "a_requests": len(flood_a),
         "a_429": sum(a.status == 429 for a in flood_a),
-        "a_other_errors": sum(
-            a.status not in (200, 429) or (a.status == 200 and bool(a.error)) for a in flood_a
-        ),
+        "a_other_errors": sum(a.status != 429 and (a.status != 200 or bool(a.error)) for a in flood_a),
+        "a_statuses": _statuses(flood_a),
+        "b_statuses": _statuses(alone + flood_b),
     }
 
 
