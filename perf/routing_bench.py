@@ -233,7 +233,12 @@ def quality(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="routing-quality-") as tmp:
         for load in loads:
             flags, line = rq.plan_cache(workload, load, args.cache_share, sim)
-            print(f"- {load.name}: {load.active} sessions at once, think {load.think:g} s mean; {line}")
+            # Each session sends its next turn a think time after its answer: at most active / think
+            # requests per second, less by the answers' own time (the achieved rate is in the table).
+            print(
+                f"- {load.name}: {load.active} sessions at once, think {load.think:g} s mean, offering at "
+                f"most {load.active / load.think:.1f} req/s; {line}"
+            )
             for router in args.routers:
                 work = Path(tmp) / f"{load.name}-{router}"
                 work.mkdir()
@@ -251,7 +256,7 @@ def quality(args: argparse.Namespace) -> None:
                 rows.append((load, router, m))
     print(
         "\n| load | router | TTFT p50 ms | p90 | p99 | prefix hit ratio | engines' hit ratio "
-        "| requests per engine | max waiting per engine | errors | req/s | client CPU |"
+        "| requests per engine | max waiting per engine | errors | req/s | client CPU (of a core) |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
     for load, router, m in rows:
@@ -262,7 +267,7 @@ def quality(args: argparse.Namespace) -> None:
         print(
             f"| {load.name} | {label} | {m['p50']:.0f} | {m['p90']:.0f} | {m['p99']:.0f} | {m['hit']:.2f} "
             f"| {engines_hit:.2f} | {'/'.join(map(str, m['per_engine']))} | {waiting} | {errors} "
-            f"| {m['rps']:.1f} | {100 * m['cpu']:.0f}% |"
+            f"| {m['rps']:.1f} | {100 * m['cpu']:.1f}% |"
         )
     if args.fairness:
         fairness(args, workload, sim)
