@@ -253,6 +253,9 @@ def quality(args: argparse.Namespace) -> None:
                     f"errors {m['errors']} {m['statuses']}",
                     file=sys.stderr,
                 )
+                engines_hit = m["hit_engines"] if not math.isnan(m["hit_engines"]) else m["hit_metric"]
+                if abs(engines_hit - m["hit"]) > 0.02:  # the usage the client got is not the engines' count
+                    print(f"  !! {router}: hit ratio {m['hit']:.3f} in usage, {engines_hit:.3f} in engines")
                 rows.append((load, router, m))
     print(
         "\n| load | router | TTFT p50 ms | p90 | p99 | prefix hit ratio | engines' hit ratio "

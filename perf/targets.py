@@ -715,7 +715,7 @@ class SmgService(Service):
     """``smg launch``: SGLang Model Gateway routing over ``worker_urls`` with ``policy`` and its defaults
     otherwise, for comparison only. Offline as it is: over HTTP workers it needs no tokenizer (its
     cache-aware tree indexes the request's text), and it registers each worker by asking its
-    ``/v1/models``; it is ready when ``GET /readiness`` answers 200 (every worker registered). Its
+    ``/v1/models``; it is ready when ``GET /readiness`` answers 200 and ``GET /workers`` lists them all. Its
     Prometheus listener is put on a free loopback port rather than its fixed 29000."""
 
     name = "smg"
@@ -742,5 +742,13 @@ class SmgService(Service):
             "--log-level", "warn",
         ]  # fmt: skip
         self._spawn(argv, cwd=self.workdir)
-        self._wait(lambda: http_request(self.port, "GET", "/readiness")[0] == 200, timeout, "GET /readiness")
+
+        # /readiness answers 200 once some worker is healthy: wait for all of them to be registered.
+        def ready() -> bool:
+            if http_request(self.port, "GET", "/readiness")[0] != 200:
+                return False
+            status, body = http_request(self.port, "GET", "/workers")
+            return status == 200 and json.loads(body).get("total") == len(self.worker_urls)
+
+        self._wait(ready, timeout, "GET /readiness and every worker in GET /workers")
         return self
