@@ -250,7 +250,7 @@ def quality(args: argparse.Namespace) -> None:
                 print(
                     f"  {load.name} {router}: {m['requests']} requests in {run.seconds:.0f} s "
                     f"({m['rps']:.1f}/s), TTFT p50 {m['p50']:.0f} ms, hit {m['hit']:.2f}, "
-                    f"errors {m['errors']} {m['statuses']}",
+                    f"errors {m['errors']} {m['statuses']}, machine CPU {100 * m['busy']:.0f}% busy",
                     file=sys.stderr,
                 )
                 engines_hit = m["hit_engines"] if not math.isnan(m["hit_engines"]) else m["hit_metric"]
@@ -259,9 +259,10 @@ def quality(args: argparse.Namespace) -> None:
                 rows.append((load, router, m))
     print(
         "\n| load | router | TTFT p50 ms | p90 | p99 | prefix hit ratio | engines' hit ratio "
-        "| requests per engine | max waiting per engine | errors | req/s | client CPU (of a core) |"
+        "| requests per engine | max waiting per engine | errors | req/s | client CPU (of a core) "
+        "| machine busy |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|")
     for load, router, m in rows:
         label = "smg cache_aware" if router == "smg" else f"gateway {router}"
         engines_hit = m["hit_engines"] if not math.isnan(m["hit_engines"]) else m["hit_metric"]
@@ -270,7 +271,7 @@ def quality(args: argparse.Namespace) -> None:
         print(
             f"| {load.name} | {label} | {m['p50']:.0f} | {m['p90']:.0f} | {m['p99']:.0f} | {m['hit']:.2f} "
             f"| {engines_hit:.2f} | {'/'.join(map(str, m['per_engine']))} | {waiting} | {errors} "
-            f"| {m['rps']:.1f} | {100 * m['cpu']:.1f}% |"
+            f"| {m['rps']:.1f} | {100 * m['cpu']:.1f}% | {100 * m['busy']:.0f}% |"
         )
     if args.fairness:
         fairness(args, workload, sim)

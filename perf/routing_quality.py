@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
 import re
 import statistics
@@ -40,7 +41,14 @@ from typing import Any
 
 from perf.multiturn import Workload, working_set_tokens
 from perf.sse_client import Answer, Connection
-from perf.targets import GatewayService, MockEngineService, Service, SmgService
+from perf.targets import (
+    CLK_TCK,
+    GatewayService,
+    MockEngineService,
+    Service,
+    SmgService,
+    machine_cpu_ticks,
+)
 
 __all__ = [
     "ENGINES",
@@ -89,6 +97,7 @@ class RouterRun:
     records: list[Record] = field(default_factory=list)
     seconds: float = 0.0
     client_cpu: float = 0.0
+    machine_busy: float = 0.0  # the share of all CPUs busy during the run (anything, not only ours)
     engines: list[dict[str, Any]] = field(default_factory=list)  # /mock/stats of each engine
     hits_metric: list[float] = field(default_factory=list)  # vllm:prefix_cache_hits_total per engine
     queries_metric: list[float] = field(default_factory=list)
@@ -257,10 +266,12 @@ def run_router(
             front = gateway.start()
             model, headers = "chat", {"Authorization": f"Bearer {KEY}"}
         services.append(front)
-        cpu0, t0 = time.process_time(), time.monotonic()
+        cpu0, t0, busy0 = time.process_time(), time.monotonic(), machine_cpu_ticks()[0]
         run.records = _loop_run(_sessions(workload, front.port, model, headers, load))
         run.seconds = time.monotonic() - t0
         run.client_cpu = time.process_time() - cpu0
+        ticks = run.seconds * CLK_TCK * (os.cpu_count() or 1)
+        run.machine_busy = (machine_cpu_ticks()[0] - busy0) / ticks if ticks else math.nan
         for engine in engines:
             run.engines.append(json.loads(_get(engine.port, "/mock/stats")))
             text = _get(engine.port, "/metrics").decode()
@@ -301,6 +312,7 @@ def summary(run: RouterRun) -> dict[str, Any]:
         "max_waiting": [int(s.get("max_waiting", 0)) for s in sims] if any(sims) else [],
         "rps": len(run.records) / run.seconds if run.seconds else math.nan,
         "cpu": run.client_cpu / run.seconds if run.seconds else math.nan,
+        "busy": run.machine_busy,
     }
 
 
