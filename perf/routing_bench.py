@@ -257,6 +257,10 @@ def quality(args: argparse.Namespace) -> None:
                 if abs(engines_hit - m["hit"]) > 0.02:  # the usage the client got is not the engines' count
                     print(f"  !! {router}: hit ratio {m['hit']:.3f} in usage, {engines_hit:.3f} in engines")
                 rows.append((load, router, m))
+    if not rows:
+        if args.fairness:
+            fairness(args, workload, sim)
+        return
     print(
         "\n| load | router | TTFT p50 ms | p90 | p99 | prefix hit ratio | engines' hit ratio "
         "| requests per engine | max waiting per engine | errors | req/s | client CPU (of a core) "
@@ -325,7 +329,7 @@ def main() -> None:
     default_routers = ["smg", *(p for p in QUALITY_POLICIES if p in POLICIES)]
     parser.add_argument(
         "--routers",
-        type=lambda v: v.split(","),
+        type=lambda v: [r for r in v.split(",") if r],  # "" for none: the fairness scenario alone
         default=default_routers,
         help=f"comma-separated: smg and pool policies {POLICIES} (default {','.join(default_routers)})",
     )
