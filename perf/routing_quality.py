@@ -227,10 +227,13 @@ def _loop_run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _start_fleet(work: Path, extra: list[str]) -> list[MockEngineService]:
+def _start_fleet(work: Path, extra: list[str], services: list[Service]) -> list[MockEngineService]:
+    """The engines, each added to ``services`` before it starts, so that the caller's ``finally`` stops
+    those started when a later one fails."""
     engines: list[MockEngineService] = []
     for i in range(ENGINES):
         engines.append(MockEngineService(work, tokens=64, extra=extra, name=f"engine{i}"))
+        services.append(engines[-1])
         engines[-1].start()
     return engines
 
@@ -246,16 +249,17 @@ def run_router(
     """``router`` is ``smg`` or a pool policy of the gateway. Starts the fleet and the router, runs the
     sessions, reads the engines' counters, stops everything."""
     run = RouterRun(router)
+    if router == "smg" and not SmgService.available():
+        run.skipped = "smg not installed (scripts/bench-peers.sh smg)"
+        return run
     services: list[Service] = []
     try:
-        engines = _start_fleet(work, engine_flags)
-        services += engines
+        engines = _start_fleet(work, engine_flags, services)
         urls = [e.url for e in engines]
         if router == "smg":
-            if not SmgService.available():
-                run.skipped = "smg not installed (scripts/bench-peers.sh smg)"
-                return run
-            front: Service = SmgService(work, urls).start()
+            front: Service = SmgService(work, urls)
+            services.append(front)
+            front.start()
             model, headers = "mock-model", {}
         else:
             config = gateway_pool_config(urls, router)
@@ -263,9 +267,10 @@ def run_router(
                 work, urls[0], workers=2, accounted=False, config=config,
                 extra=["--engine-scrape-interval", str(scrape)],
             )  # fmt: skip
-            front = gateway.start()
+            front = gateway
+            services.append(front)
+            front.start()
             model, headers = "chat", {"Authorization": f"Bearer {KEY}"}
-        services.append(front)
         cpu0, t0, busy0 = time.process_time(), time.monotonic(), machine_cpu_ticks()[0]
         run.records = _loop_run(_sessions(workload, front.port, model, headers, load))
         run.seconds = time.monotonic() - t0
@@ -378,8 +383,7 @@ def fairness(
     this checkout refuses its config, with the gates alone (the baseline), which ``mode`` says."""
     services: list[Service] = []
     try:
-        engines = _start_fleet(work, engine_flags)
-        services += engines
+        engines = _start_fleet(work, engine_flags, services)
         urls = [e.url for e in engines]
         mode = "flow control (A sheddable, B standard, equal weights)"
         (work / "flow").mkdir()
@@ -387,6 +391,7 @@ def fairness(
             work / "flow", urls[0], workers=2, accounted=False,
             config=gateway_pool_config(urls, "round_robin", tenants="flow", gate=gate),
         )  # fmt: skip
+        services.append(gateway)
         try:
             gateway.start()
         except (RuntimeError, TimeoutError) as exc:
@@ -398,8 +403,8 @@ def fairness(
                 work / "gate", urls[0], workers=2, accounted=False,
                 config=gateway_pool_config(urls, "round_robin", tenants="gate", gate=gate),
             )  # fmt: skip
+            services.append(gateway)
             gateway.start()
-        services.append(gateway)
 
         alone = _loop_run(_open_loop(gateway.port, KEY_B, workload, rate, seconds, 1))
         # The gated fleet's capacity in requests per second, from B's requests alone: at most ``gate`` in
