@@ -389,7 +389,7 @@ def fairness(
         (work / "flow").mkdir()
         gateway = GatewayService(
             work / "flow", urls[0], workers=2, accounted=False,
-            config=gateway_pool_config(urls, "round_robin", tenants="flow", gate=gate),
+            config=gateway_pool_config(urls, "cache_aware", tenants="flow", gate=gate),
         )  # fmt: skip
         services.append(gateway)
         try:

@@ -37,7 +37,7 @@ from gateway.dataplane.flow import PRIORITIES, WAIT_BUCKETS, FlowQueue, Waiter
 from gateway.errors import GateFull
 from gateway.native import BucketTable, PrefixIndex
 from gateway.routing.load import EngineState, engine_states
-from gateway.shm.bucket_keys import backend_keys
+from gateway.shm.bucket_keys import backend_keys, flow_keys
 from gateway.shm.holdings import Holdings
 from gateway.shm.worker_stats import WorkerStats
 
@@ -68,7 +68,7 @@ Reorder = Callable[[Sequence["Target"]], Sequence["Target"]]
 class _Wait:
     """What a waiting request waits with: its targets, its future, its host-wide queue place."""
 
-    __slots__ = ("future", "names", "queued", "reorder", "since", "targets")
+    __slots__ = ("classed", "future", "names", "queued", "reorder", "since", "targets")
 
     def __init__(
         self, targets: Sequence[Target], reorder: Reorder | None, future: asyncio.Future[tuple[Target, Place]]
@@ -78,6 +78,7 @@ class _Wait:
         self.reorder = reorder
         self.future = future
         self.queued: Place | None = None
+        self.classed: list[Place] = []  # its places in each backend's host-wide gauge of its class
         self.since = time.monotonic()
 
 
@@ -132,6 +133,8 @@ class BackendLoad:
         self.flow: FlowQueue[_Wait] = FlowQueue()
         self.flow_stats = FlowStats()
         self._queued_on: dict[str, int] = {}  # backend -> this worker's waiters that name it
+        self._classed: dict[tuple[str, int], int] = {}  # (backend, class) -> this worker's waiters
+        self._flows: dict[str, tuple[int, int, int]] = {}
         self._poller: asyncio.Task[None] | None = None
         # Backend -> its engine's KV cache use, only where it is at or above the lowest kv_high_water of
         # the snapshot's backends: empty (one test in ``enter``) while no engine comes near its high water.
@@ -201,6 +204,13 @@ class BackendLoad:
         for it and this is not their dispatch (a newcomer does not overtake them)."""
         if self._queued_on and not dispatching and backend.name in self._queued_on:
             return None
+        if (
+            not dispatching
+            and backend.max_concurrency is not None
+            and self.table is not None
+            and self._waits_anywhere(backend.name)
+        ):
+            return None  # requests of another worker wait for it: a newcomer here does not overtake
         if self._kv and self._kv_saturated(backend):
             return None
         if self.table is None:
@@ -250,6 +260,13 @@ class BackendLoad:
         queued_on = self._queued_on
         for name in entry.names:
             queued_on[name] = queued_on.get(name, 0) + 1
+        if self.table is not None:
+            classed = self._classed
+            for name in entry.names:
+                place = self._take(self._flow_keys(name)[priority], NO_CEILING)
+                if place is not None:
+                    entry.classed.append(place)
+                classed[(name, priority)] = classed.get((name, priority), 0) + 1
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         handed = False
@@ -271,6 +288,17 @@ class BackendLoad:
             if entry.queued is not None:
                 self._give(entry.queued)
                 entry.queued = None
+            if entry.classed:
+                for place in entry.classed:
+                    self._give(place)
+                entry.classed.clear()
+            if self.table is not None:
+                classed = self._classed
+                for name in entry.names:
+                    if classed[(name, priority)] > 1:
+                        classed[(name, priority)] -= 1
+                    else:
+                        del classed[(name, priority)]
             if not future.done():
                 future.cancel()
             elif not handed and not future.cancelled() and future.exception() is None:
@@ -306,6 +334,8 @@ class BackendLoad:
                 continue
             targets = entry.reorder(entry.targets) if entry.reorder is not None else entry.targets
             for target in targets:
+                if waiter.priority and self._higher_elsewhere(target.backend.name, waiter.priority):
+                    continue  # another worker's waiter of a higher class takes it at its next poll
                 place = self.enter(target.backend, True)
                 if place is not None:
                     flow.dispatch(waiter)
@@ -314,6 +344,26 @@ class BackendLoad:
                     break
             else:
                 blocked |= entry.names
+
+    def _flow_keys(self, backend: str) -> tuple[int, int, int]:
+        keys = self._flows.get(backend)
+        if keys is None:
+            keys = self._flows[backend] = flow_keys(backend)
+        return keys
+
+    def _higher_elsewhere(self, backend: str, priority: int) -> bool:
+        """Whether another worker has a request of a class above ``priority`` waiting for ``backend``."""
+        if self.table is None:
+            return False
+        keys = self._flow_keys(backend)
+        classed = self._classed
+        return any(self.table.gauge(keys[c]) > classed.get((backend, c), 0) for c in range(priority))
+
+    def _waits_anywhere(self, backend: str) -> bool:
+        """Whether any request of the host waits for ``backend`` (this worker's own are in ``_queued_on``)."""
+        assert self.table is not None
+        gauge = self.table.gauge
+        return any(gauge(key) for key in self._flow_keys(backend))
 
     async def _poll(self) -> None:
         """While anything waits: look for places other workers freed every ``POLL`` seconds."""

@@ -156,3 +156,33 @@ def test_a_wait_that_runs_out_is_429(load: BackendLoad) -> None:
         assert load.in_flight("b") == 0
 
     asyncio.run(run())
+
+
+def test_classes_and_waiters_count_across_the_workers_of_a_host() -> None:
+    """Two workers over one bucket table: a place freed by the worker holding only a sheddable waiter is
+    left to the other worker's standard waiter (found by its poll), and while anyone waits for the backend
+    a newcomer on either worker queues instead of taking a place that frees."""
+
+    async def run(one: BackendLoad, two: BackendLoad) -> None:
+        b = backend("b", queue_size=8)
+        t = Target("pm", b, "m")
+        held = one.enter(b)
+        assert held is not None and two.enter(b) is None
+        shed = asyncio.ensure_future(one.wait([t], SHEDDABLE, "flood"))
+        std = asyncio.ensure_future(two.wait([t], STANDARD, "steady"))
+        await settle()
+        one.leave(b, held)  # worker one's release: its own waiter is of a lower class than worker two's
+        await settle()
+        assert not shed.done()
+        target, place = await asyncio.wait_for(std, 1.0)  # worker two's poll took the place
+        assert target is t and not shed.done()
+        # A newcomer on worker two, which holds no waiter now, does not overtake worker one's waiter.
+        two.leave(b, place)
+        assert two.enter(b) is None or shed.done()
+        _, place = await asyncio.wait_for(shed, 1.0)
+        one.leave(b, place)
+        assert two.enter(b) is not None  # nobody waits: the gate is open to newcomers again
+
+    with BucketTable.create_layout(bytearray(region_size(16)), 16) as table:
+        stats = WorkerStats(memoryview(bytearray(region_bytes(2))))
+        asyncio.run(run(BackendLoad(table, None, stats), BackendLoad(table, None, stats)))
