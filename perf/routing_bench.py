@@ -45,6 +45,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gateway.native import PrefixIndex
 from gateway.routing.load import StaticLoad
 from gateway.routing.policies import POLICIES
 from gateway.routing.rules import Facts
@@ -97,12 +98,53 @@ def _timed_decision(snap: Snapshot, rules: int) -> float:
     return min(timeit.repeat(one, number=number, repeat=5)) / number * 1e6
 
 
+def cache_aware_doc() -> dict[str, Any]:
+    """Model ``kv`` whose one rule routes to a ``cache_aware`` pool of four backends."""
+    backends = {f"e{i}": {"url": f"http://127.0.0.1:{9000 + i}", "protocol": "openai"} for i in range(4)}
+    targets = [["pm", name, "m"] for name in backends]
+    rule = {"name": "kv", "when": {}, "action": "route", "steps": [{"pool": "fleet"}]}
+    return {
+        "schema": 1,
+        "revision": 1,
+        "backends": backends,
+        "pools": {"fleet": {"policy": "cache_aware", "targets": targets}},
+        "routes": {"kv": {"canonical": "kv", "kind": "frontend", "targets": targets[:1], "rules": [rule]}},
+        "principals": {},
+        "keys": {},
+    }
+
+
+def _timed_cache_aware(prompt_bytes: int) -> float:
+    """Best µs per decision of a ``cache_aware`` pool for a conversation of ``prompt_bytes`` (its next turn
+    each time, as a session's turns come: the index holds all but the last turn)."""
+    snap = Snapshot.from_doc(cache_aware_doc(), 1)
+    route = snap.routes["kv"]
+    load = StaticLoad(index=PrefixIndex.private(1 << 16))
+    principal = Principal("1", "p", True, frozenset())
+    system = ("word " * (prompt_bytes // 5))[:prompt_bytes]
+    body = json.dumps(
+        {"model": "kv", "stream": True, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": "next question"}]}
+    ).encode()  # fmt: skip
+    facts = Facts(principal, {}, None, len(body) // 4, None, True, body)
+
+    def one() -> None:
+        snap.decide(route, facts, load)
+
+    number = max(200, int(0.2 / max(timeit.timeit(one, number=50) / 50, 1e-9)))
+    return min(timeit.repeat(one, number=number, repeat=5)) / number * 1e6
+
+
 def decision_costs() -> list[tuple[str, float]]:
     out = []
     for rules in (0, 1, 10, 100):
         snap = Snapshot.from_doc(decision_doc(max(rules, 1)), 1)
         label = "no rules" if rules == 0 else f"{rules} rule{'s' if rules > 1 else ''}"
         out.append((label, _timed_decision(snap, rules)))
+    for size in (2_000, 24_000, 100_000):
+        out.append(
+            (f"1 rule to a cache_aware pool of 4, a {size // 1000} kB prompt", _timed_cache_aware(size))
+        )
     return out
 
 
