@@ -179,7 +179,7 @@ class CacheTuning:
 
     block_bytes: int = 64  # about 16 tokens: an engine's KV block
     load_cost: int = 1024  # bytes of prefill one request in flight is worth
-    balance_abs: int = 8
+    balance_abs: int = 32
     balance_rel: float = 1.5
 
 

@@ -13,7 +13,7 @@ store as JSON rows, ``writer.dump_config`` writes them back as TOML from the spe
     weights = [3, 1]                   # weighted only
     prefix_bytes = 512                 # prefix_affinity only: how much of the body is hashed
     max_inflight = 32                  # prefix_affinity only: past it, the least-loaded member goes first
-    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 8, balance_rel = 1.5
+    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 32, balance_rel = 1.5
 
     [[models.rules]]                   # under a [[models]] table; terminal, first match wins
     name = "free streams"
