@@ -45,7 +45,7 @@ test: venv system-deps agents lint typecheck
 
 bench: venv
 	./scripts/system-deps.sh bench
-	-./scripts/bench-peers.sh  # LiteLLM and Portkey under perf/.peers/; a peer that fails is skipped
+	-./scripts/bench-peers.sh  # LiteLLM, Portkey and smg under perf/.peers/; a peer that fails is skipped
 	$(BIN)/python -m perf.bench $(BENCH_ARGS)
 
 # The C parts under valgrind's callgrind: instructions per call of each entry point (valgrind if missing).

@@ -192,8 +192,10 @@ class IngestBusy(ServiceUnavailable):
         super().__init__(message, headers={"retry-after": str(retry_after)})
 
 
-class GateFull(ServiceUnavailable):
-    """A backend's flow-control gate is full and its wait queue too (or the wait ran out)."""
+class GateFull(RateLimited):
+    """Flow control refused the request: every target was saturated and the request could not wait (the
+    queue was full), waited past ``queue_timeout``, or was shed for a request of a higher priority. 429
+    with Retry-After: the client should come back later, as from any rate limit."""
 
     code = "backend_saturated"
 

@@ -47,8 +47,13 @@ fail over to a target with a larger window) and ``"rules"``: ``[{"name", "when":
 "route" | "refuse" | "delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model],
 ...]}], "status", "message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes
 ``when``). A backend may carry flow-control settings (``max_concurrency``, ``waiting_high_water``,
-``queue_size``, ``queue_timeout``), ``health_path`` and ``responses_api`` (true: it serves
-``/v1/responses`` itself); a principal its role names (``"roles"``), which rules may test.
+``queue_size``, ``queue_timeout``, ``kv_high_water``), ``health_path`` and ``responses_api`` (true: it
+serves ``/v1/responses`` itself); a principal its role names (``"roles"``), which rules may test.
+
+Flow control (``gateway.dataplane.flow``): a principal, a key and a frontend route (with its aliases) may
+carry ``"priority"``: ``"critical"``, ``"standard"`` or ``"sheddable"`` (the key's wins, then the
+principal's, then the model's; none: standard); a principal ``"weight"``, a positive integer (default
+1), its share against other principals of its class while requests wait.
 
 Limits (all optional, absent or null meaning unlimited): ``rpm`` requests per minute, ``tpm`` tokens per
 minute, ``concurrency`` requests in flight at once. Principal limits apply to all its keys together, key
@@ -73,6 +78,7 @@ import orjson
 
 from gateway.body_rules import BodyLogRules
 from gateway.budget import KEY_OWNER, Budget, BudgetSet, Price, budgets_from_doc
+from gateway.dataplane.flow import STANDARD, priority_rank
 from gateway.key_rules import KeyRules
 from gateway.routing.aliases import PatternAliases
 from gateway.routing.load import Load
@@ -139,6 +145,10 @@ class Principal:
     model_limits: dict[str, Limits] | None = None
     budgets: tuple[Budget, ...] = ()  # one per period (gateway.budget)
     roles: frozenset[str] = frozenset()
+    # Flow control (gateway.dataplane.flow): the class of its requests (a rank; None: unset) and its
+    # weight against other tenants of the same class while they wait.
+    priority: int | None = None
+    weight: int = 1
 
     def may_use(self, model: str) -> bool:
         return self.allow_all or model in self.models
@@ -154,6 +164,15 @@ class KeyEntry:
     # Every budget a request through this key answers to, its principal's and its own; None: none.
     budgets: BudgetSet | None = None
     name: str | None = None  # carried when the key has rules or budgets (the dry run finds it by name)
+    priority: int | None = None  # flow-control class (a rank), over its principal's and the model's
+
+    def flow_class(self, route: Route) -> int:
+        """The flow-control class of this key's requests for ``route``: the key's own, else its
+        principal's, else the model's, else standard (read only when the request must wait)."""
+        for rank in (self.priority, self.principal.priority, route.priority):
+            if rank is not None:
+                return rank
+        return STANDARD
 
     def may_use(self, model: str) -> bool:
         rules = self.rules
@@ -236,6 +255,8 @@ class Snapshot:
                 or None,
                 budgets=budgets_from_doc(pid, p),
                 roles=frozenset(p.get("roles") or ()),
+                priority=priority_rank(p.get("priority")),
+                weight=positive(p.get("weight")) or 1,
             )
             for pid, p in doc.get("principals", {}).items()
         }
@@ -254,6 +275,7 @@ class Snapshot:
                 rules=KeyRules.from_doc(k) if "allow_ips" in k or "models" in k else None,
                 budgets=BudgetSet(principal.budgets, own) if principal.budgets or own else None,
                 name=k.get("name"),
+                priority=priority_rank(k.get("priority")),
             )
         return cls(
             revision=int(doc["revision"]),
@@ -293,4 +315,5 @@ def _route(
         price=Price.from_doc(r.get("price")),
         rules=compile_rules(r.get("rules") or [], backends, pools, windows),
         context_failover=bool(r.get("context_failover")),
+        priority=priority_rank(r.get("priority")),
     )

@@ -270,6 +270,9 @@ int64_t gw_pix_match(const char *base, size_t size, const uint64_t *hashes, uint
  * how many pairs were evicted. */
 int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
 
+/* How many pairs the index holds for `target` now (0 for a target never inserted). */
+int64_t gw_pix_held(const char *base, size_t size, uint64_t target);
+
 /* out[0] = insert calls, out[1] = pairs inserted or refreshed, out[2] = pairs evicted, ever. */
 int gw_pix_stats(const char *base, size_t size, uint64_t *out);
 

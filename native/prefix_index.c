@@ -6,12 +6,16 @@
  * index remembers (block hash, backend) pairs: a backend "holds" a prefix of n blocks when the pairs of
  * all n are present. It is a bounded cache, like the engines' own: a set-associative table of `entries`
  * slots in sets of WAYS, each slot a key and the stamp of its last use; a new pair takes a free way of its
- * set or the least recently used one.
+ * set or the least recently used one. It also counts the pairs each target holds (what an engine's cache
+ * holds of what it was sent, as far as the index knows): where a prompt matches nowhere, the target that
+ * holds least has the most room for it.
  *
  * Region layout (little-endian host uint64 words, the region 8-aligned):
  *   header, 64 bytes: [0] magic, [1] entries (a power of two), [2] secret (seeds the block hashes),
  *     [3] clock (one tick per insert call), [4] inserts, [5] evictions, [6..7] reserved
- *   entries slots of 16 bytes: [0] key (0 = free), [1] stamp (the clock when last inserted)
+ *   TARGETS target slots of 16 bytes: [0] target (0 = free; claimed once), [1] pairs it holds
+ *   entries slots of 16 bytes: [0] key (0 = free), [1] stamp: the clock when last inserted << 8, and the
+ *     target slot of the pair in the low 8 bits
  *
  * Workers read and write without locks: each word is loaded and stored atomically, and a race between two
  * writers of one slot loses at most one pair, which costs one routing hint, never a wrong read past the
@@ -23,6 +27,9 @@
 
 #define MAGIC UINT64_C(0x31305849504757) /* "WGPIX01" */
 #define HEADER_WORDS 8
+#define TARGETS 256 /* targets counted; more share the last slot's count */
+#define TARGET_WORDS (2 * TARGETS)
+#define TABLE_WORDS (HEADER_WORDS + TARGET_WORDS)
 #define WAYS 8
 #define MIN_ENTRIES WAYS
 #define MAX_ENTRIES (UINT64_C(1) << 28)
@@ -41,7 +48,7 @@ static void store(uint64_t *w, uint64_t v) { __atomic_store_n(w, v, __ATOMIC_REL
 
 uint64_t gw_pix_region_size(uint64_t entries) {
     if (entries < MIN_ENTRIES || entries > MAX_ENTRIES || (entries & (entries - 1)) != 0) return 0;
-    return HEADER_WORDS * 8 + entries * 16;
+    return TABLE_WORDS * 8 + entries * 16;
 }
 
 int gw_pix_init(char *base, size_t size, uint64_t entries, uint64_t secret) {
@@ -59,7 +66,7 @@ int gw_pix_init(char *base, size_t size, uint64_t entries, uint64_t secret) {
 /* The entries of a valid region, or 0; re-validated on every call so that a scribbled header can never send
  * an index past `size`. */
 static uint64_t region_entries(const char *base, size_t size) {
-    if (base == NULL || ((uintptr_t)base & 7) != 0 || size < HEADER_WORDS * 8) return 0;
+    if (base == NULL || ((uintptr_t)base & 7) != 0 || size < TABLE_WORDS * 8) return 0;
     const uint64_t *hdr = words(base);
     if (__atomic_load_n(&hdr[H_MAGIC], __ATOMIC_ACQUIRE) != MAGIC) return 0;
     uint64_t entries = hdr[H_ENTRIES];
@@ -127,7 +134,40 @@ static uint64_t pair_key(uint64_t hash, uint64_t target) {
 static uint64_t *set_of(const char *base, uint64_t entries, uint64_t key) {
     uint64_t sets = entries / WAYS;
     /* The low bits of a folded product are as good as the high; the high ones are kept for nothing. */
-    return words(base) + HEADER_WORDS + 2 * WAYS * (key & (sets - 1));
+    return words(base) + TABLE_WORDS + 2 * WAYS * (key & (sets - 1));
+}
+
+/* The slot counting `target`'s pairs, claimed on first use (when `claim`); -1 when it has none. Probes
+ * from a mix of the target; a full table shares its last slot. */
+static int target_slot(const char *base, uint64_t target, int claim) {
+    uint64_t *slots = words(base) + HEADER_WORDS;
+    uint64_t want = target ? target : 1;
+    for (int probe = 0; probe < TARGETS; probe++) {
+        int s = (int)((mum(want, K2) + (uint64_t)probe) & (TARGETS - 1));
+        uint64_t k = __atomic_load_n(&slots[2 * s], __ATOMIC_ACQUIRE);
+        if (k == want) return s;
+        if (k == 0) {
+            if (!claim) return -1;
+            uint64_t expected = 0;
+            if (__atomic_compare_exchange_n(&slots[2 * s], &expected, want, 0, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE))
+                return s;
+            if (expected == want) return s;
+        }
+    }
+    return claim ? TARGETS - 1 : -1;
+}
+
+static void add_held(const char *base, int slot, int64_t delta) {
+    if (delta) __atomic_add_fetch(words(base) + HEADER_WORDS + 2 * slot + 1, (uint64_t)delta, __ATOMIC_RELAXED);
+}
+
+int64_t gw_pix_held(const char *base, size_t size, uint64_t target) {
+    if (region_entries(base, size) == 0) return GW_EREGION;
+    int s = target_slot(base, target, 0);
+    if (s < 0) return 0;
+    int64_t held = (int64_t)load(words(base) + HEADER_WORDS + 2 * s + 1);
+    return held > 0 ? held : 0; /* racing writers may leave it a little off, never below nothing */
 }
 
 static int holds(const uint64_t *set, uint64_t key) {
@@ -154,7 +194,10 @@ int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t 
     if (hashes == NULL && n > 0) return GW_EINVAL;
     uint64_t *hdr = words(base);
     uint64_t now = __atomic_add_fetch(&hdr[H_CLOCK], 1, __ATOMIC_RELAXED);
+    int mine = target_slot(base, target, 1);
+    uint64_t stamp = (now << 8) | (uint64_t)mine;
     uint64_t evicted = 0;
+    int64_t added = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t key = pair_key(hashes[i], target);
         uint64_t *set = set_of(base, entries, key);
@@ -167,7 +210,7 @@ int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t 
                 break;
             }
             /* A free way is as old as can be; ages are differences, so the clock may wrap. */
-            uint64_t age = k == 0 ? UINT64_MAX : now - load(&set[2 * w + 1]);
+            uint64_t age = k == 0 ? UINT64_MAX : (now - (load(&set[2 * w + 1]) >> 8)) & (UINT64_MAX >> 8);
             if (pick < 0 || age > oldest_age) {
                 pick = w;
                 oldest_age = age;
@@ -176,11 +219,16 @@ int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t 
         uint64_t *slot = &set[2 * pick];
         uint64_t was = load(slot);
         if (was != key) {
-            if (was != 0) evicted++;
+            if (was != 0) {
+                evicted++;
+                add_held(base, (int)(load(slot + 1) & 0xff), -1);
+            }
             store(slot, key);
+            added++;
         }
-        store(slot + 1, now);
+        store(slot + 1, stamp);
     }
+    add_held(base, mine, added);
     __atomic_add_fetch(&hdr[H_INSERTS], n, __ATOMIC_RELAXED);
     if (evicted) __atomic_add_fetch(&hdr[H_EVICTIONS], evicted, __ATOMIC_RELAXED);
     return evicted;

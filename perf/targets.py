@@ -1,7 +1,8 @@
 """The processes a benchmark runs: the upstreams (the nginx mock, the Python mock engine, which can trickle
 tokens, and ``perf.paced``, which paces thousands of streams like a busy vLLM), the nginx reverse proxy,
 the floor (``perf/floor.py`` under granian's CLI), the gateway and, when installed under perf/.peers/
-(``scripts/bench-peers.sh``), the peers: LiteLLM's proxy and Portkey's Node gateway.
+(``scripts/bench-peers.sh``), the peers: LiteLLM's proxy, Portkey's Node gateway and SGLang Model
+Gateway (``smg``, a Rust router).
 
 Each ``Service`` is a subprocess started from this checkout, owned by PID: ``stop()`` sends SIGTERM to the
 process it started, then SIGKILL to every PID of its process tree that is still alive. ``ProcessTree``
@@ -45,11 +46,13 @@ __all__ = [
     "PortkeyService",
     "ProcessTree",
     "Service",
+    "SmgService",
     "TreeSample",
     "free_port",
     "gateway_config",
     "http_request",
     "machine_cpu_ticks",
+    "smg_command",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -441,10 +444,12 @@ class GatewayService(Service):
         engine_url: str | None = None,
         config: str | None = None,
         paced_url: str | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.name = "gateway" if accounted else "gateway-bare"
         super().__init__(workdir)
         self.workers = workers
+        self.extra = list(extra)  # more flags for `gateway serve`
         self.accounted = accounted
         suffix = "" if accounted else "-bare"
         self.data_dir = workdir / f"gateway{suffix}-data"
@@ -463,6 +468,7 @@ class GatewayService(Service):
             # requests in flight (4,096 by default) would refuse the 5,000 paced streams' last 904.
             "--client-max-requests", "0",
             *([] if self.accounted else ["--no-usage-records"]),
+            *self.extra,
         ]  # fmt: skip
         self._spawn(argv, cwd=ROOT)
 
@@ -493,14 +499,18 @@ class MockEngineService(Service):
 
     name = "mock-engine"
 
-    def __init__(self, workdir: Path, tokens: int = 256) -> None:
+    def __init__(
+        self, workdir: Path, tokens: int = 256, extra: Sequence[str] = (), name: str = "mock-engine"
+    ) -> None:
+        self.name = name
         super().__init__(workdir)
         self.tokens = tokens
+        self.extra = list(extra)  # more flags: the engine simulator's (--sim ...)
 
     def start(self, timeout: float = 20.0) -> MockEngineService:
         argv = [
             sys.executable, "-m", "gateway", "mock-engine",
-            "--port", str(self.port), "--tokens", str(self.tokens), "--backpressure", "16384",
+            "--port", str(self.port), "--tokens", str(self.tokens), "--backpressure", "16384", *self.extra,
         ]  # fmt: skip
         self._spawn(argv, cwd=ROOT)
         self._wait(lambda: http_request(self.port, "GET", "/health")[0] == 200, timeout, "GET /health")
@@ -686,4 +696,59 @@ class PortkeyService(Service):
             raise RuntimeError("portkey: not installed")
         self._spawn([*command, f"--port={self.port}", "--headless"], cwd=self.workdir)
         self._wait(lambda: http_request(self.port, "GET", "/")[0] > 0, timeout, "an answer to GET /")
+        return self
+
+
+def smg_command() -> list[str] | None:
+    """SGLang Model Gateway's ``smg`` script from perf/.peers/smg (``scripts/bench-peers.sh``: PyPI ``smg``,
+    a Rust binary in a wheel, in a virtualenv of its own), else one on PATH; ``None`` when neither."""
+    import shutil
+
+    own = PEERS / "smg" / "bin" / "smg"
+    if own.exists():
+        return [str(own)]
+    on_path = shutil.which("smg")
+    return [on_path] if on_path else None
+
+
+class SmgService(Service):
+    """``smg launch``: SGLang Model Gateway routing over ``worker_urls`` with ``policy`` and its defaults
+    otherwise, for comparison only. Offline as it is: over HTTP workers it needs no tokenizer (its
+    cache-aware tree indexes the request's text), and it registers each worker by asking its
+    ``/v1/models``; it is ready when ``GET /readiness`` answers 200 and ``GET /workers`` lists them all. Its
+    Prometheus listener is put on a free loopback port rather than its fixed 29000."""
+
+    name = "smg"
+
+    def __init__(self, workdir: Path, worker_urls: Sequence[str], policy: str = "cache_aware") -> None:
+        super().__init__(workdir)
+        self.worker_urls = list(worker_urls)
+        self.policy = policy
+        self.metrics_port = free_port()
+
+    @staticmethod
+    def available() -> bool:
+        return smg_command() is not None
+
+    def start(self, timeout: float = 60.0) -> SmgService:
+        command = smg_command()
+        if command is None:
+            raise RuntimeError("smg: not installed (scripts/bench-peers.sh smg)")
+        argv = [
+            *command, "launch", "--worker-urls", *self.worker_urls, "--policy", self.policy,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+            # A line per request at info: its logging would be measured as routing.
+            "--log-level", "warn",
+        ]  # fmt: skip
+        self._spawn(argv, cwd=self.workdir)
+
+        # /readiness answers 200 once some worker is healthy: wait for all of them to be registered.
+        def ready() -> bool:
+            if http_request(self.port, "GET", "/readiness")[0] != 200:
+                return False
+            status, body = http_request(self.port, "GET", "/workers")
+            return status == 200 and json.loads(body).get("total") == len(self.worker_urls)
+
+        self._wait(ready, timeout, "GET /readiness and every worker in GET /workers")
         return self

@@ -2,18 +2,22 @@
 # Installs the peer gateways that `perf.bench` measures beside ours, OUTSIDE the project's dependencies:
 #   perf/.peers/litellm/   a virtualenv of its own with LiteLLM's proxy (PyPI `litellm[proxy]`)
 #   perf/.peers/node/      an npm prefix with Portkey's gateway (npm `@portkey-ai/gateway`)
+#   perf/.peers/smg/       a virtualenv of its own with SGLang Model Gateway (PyPI `smg`, a Rust binary
+#                          in a wheel), for perf.routing_bench --quality
 # perf/.peers/ is git-ignored; nothing is installed into the project's venv or globally. Each peer is
 # skipped when its stamp file is newer than this script (re-run after changing the pinned versions), and a
-# peer that fails to install is reported and left out: perf.bench then says "not installed" on its rows.
-# Usage: scripts/bench-peers.sh [litellm] [portkey]   (both by default). Needs python3 and npm.
+# peer that fails to install is reported and left out: perf.bench then says "not installed" on its rows
+# (perf.routing_bench leaves smg's rows out).
+# Usage: scripts/bench-peers.sh [litellm] [portkey] [smg]   (all by default). Needs python3 and npm.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LITELLM_SPEC='litellm[proxy]==1.108.7'
 PORTKEY_SPEC='@portkey-ai/gateway@1.15.2'
+SMG_SPEC='smg==1.13.0'
 peers="$PWD/perf/.peers"
 mkdir -p "$peers"
 want=("$@")
-[ ${#want[@]} -eq 0 ] && want=(litellm portkey)
+[ ${#want[@]} -eq 0 ] && want=(litellm portkey smg)
 status=0
 for peer in "${want[@]}"; do
     stamp="$peers/.$peer-installed"
@@ -43,7 +47,16 @@ for peer in "${want[@]}"; do
                 echo "!! Portkey's gateway not installed: perf.bench will skip it" >&2; status=1
             fi
             ;;
-        *) echo "unknown peer $peer (litellm, portkey)" >&2; status=2 ;;
+        smg)
+            echo "installing $SMG_SPEC into perf/.peers/smg (its own venv)" >&2
+            if python3 -m venv "$peers/smg" \
+                && "$peers/smg/bin/pip" install -q --disable-pip-version-check "$SMG_SPEC"; then
+                touch "$stamp"
+            else
+                echo "!! smg not installed: perf.routing_bench will skip it" >&2; status=1
+            fi
+            ;;
+        *) echo "unknown peer $peer (litellm, portkey, smg)" >&2; status=2 ;;
     esac
 done
 exit $status

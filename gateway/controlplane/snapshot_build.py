@@ -26,6 +26,10 @@ cached_input]`` per million tokens; a principal or key with budgets gets ``"budg
 principal also ``"budget"``, its first, which proxy hosts of an earlier version read). An unreadable price
 is skipped (the model costs nothing); an unreadable budget skips its principal or key, like unreadable
 limits.
+
+Flow control: a principal's ``priority`` and ``weight``, a key's ``priority`` and a frontend model's
+``priority`` (on its route and its aliases' routes) come from their routing entries, already checked by
+``routing_from_rows``.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ _FLOW_DOC = (
     "waiting_high_water",
     "queue_size",
     "queue_timeout",
+    "kv_high_water",
     "responses_api",
 )  # the store's limit_rpm, limit_tpm, limit_concurrency
 
@@ -133,6 +138,8 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     pools = _pools(routing, routes, skip)
     _rules(routing, routes, pools, skip)
     principals = _principals(state, routes, aliases_of, skip)
+    for entry in principals.values():  # flow control: its class and its share (by the principal's name)
+        entry.update(routing.principals.get(entry["name"], {}))
     # Pattern aliases were routes like the others until now (rules, prices and grants reach them the same
     # way); the data plane tries them only when no route has the exact name, most specific first: the
     # longest pattern, then by name (the store keeps no config order).
@@ -161,6 +168,8 @@ def build_doc(state: StoreState, *, now: float | None = None) -> dict[str, Any]:
     for entry in (*routes.values(), *patterns.values()):
         if entry["kind"] == "frontend" and entry["canonical"] in routing.context_failover:
             entry["context_failover"] = True
+        if entry["kind"] == "frontend" and entry["canonical"] in routing.model_priority:
+            entry["priority"] = routing.model_priority[entry["canonical"]]
     body_logs = _body_logs(state, routing, principals, skip)
     if body_logs:
         doc["body_logs"] = body_logs
@@ -605,6 +614,8 @@ def _key_rules(
             entry["models"] = _grants(
                 frozenset(_MODEL_PERMISSION + m for m in rule["models"]), routes, aliases_of
             )[1]
+        if rule.get("priority") is not None:
+            entry["priority"] = rule["priority"]
         out[name] = entry
     return out
 

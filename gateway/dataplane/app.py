@@ -173,6 +173,7 @@ class ProxyApp:
             return False
         self.snapshot = snap
         self._models_cache = {}
+        self.load.set_kv_floor(min((b.kv_high_water for b in snap.backends.values()), default=1.0))
         if self.accounting.limiter is not None:
             self.accounting.limiter.forget_plans()
             # The host's control slot writes the shares before it publishes a first snapshot: read them
@@ -212,6 +213,7 @@ class ProxyApp:
                 "backends": {n: h.as_dict() for n, h in forwarder.health.items()} if forwarder else {},
                 "prefixes": self.load.prefixes,
                 "credentials": forwarder.credentials.as_dict() if forwarder else {},
+                "flow": self.load.flow_stats.as_dict(self.load.flow.depth),
             }
             document["live"] = accounting.live_doc(LIVE_LIMIT)
             document["live_count"] = len(accounting.live)
@@ -400,7 +402,10 @@ class ProxyApp:
         client = exchange.open(proto, headers, out, path, decision.tag, decision.rule, capture)
         try:
             attempted = await self.run_guarded(
-                client, forwarder.forward(client, out, targets, scope, exchange.trace, exchange.request_span)
+                client,
+                forwarder.forward(
+                    client, out, targets, scope, exchange.trace, exchange.request_span, key, route
+                ),
             )
         except BaseException as exc:
             exchange.finish(client, None, exc)

@@ -33,6 +33,7 @@ from gateway.dataplane.backend_load import BackendLoad, Place
 from gateway.dataplane.credentials import CredentialPools
 from gateway.dataplane.dialects import Outgoing, Translation
 from gateway.dataplane.drain import ClientStalled
+from gateway.dataplane.flow import STANDARD
 from gateway.dataplane.http_client import (
     RequestNotSendable,
     UpstreamClient,
@@ -48,7 +49,7 @@ from gateway.dataplane.upstream import without_hop_by_hop
 from gateway.errors import BadRequest, GatewayTimeout, StreamCut, UpstreamUnavailable
 from gateway.protocol.sse import encode_event
 from gateway.routing.context import says_context_exceeded
-from gateway.snapshot import Credential, Target
+from gateway.snapshot import Credential, KeyEntry, Route, Target
 from gateway.usage_record import RouteStep
 
 __all__ = ["Attempted", "BackendHealth", "Forwarder", "RelayAborted"]
@@ -157,6 +158,8 @@ class Forwarder:
         peer: Scope | None = None,
         trace: list[RouteStep] | None = None,
         span: RequestSpan | None = None,
+        key: KeyEntry | None = None,
+        route: Route | None = None,
     ) -> Attempted:
         """Try ``targets`` in order (routing already dropped those known to be down). A target whose gate
         is full is passed over; if every remaining one is, the request waits for a place (bounded). A
@@ -166,7 +169,8 @@ class Forwarder:
         a streamed answer wait for its client; it is read only by a stream that relayed a window (granian
         makes those two strings when they are read: a short request never pays for them). Each
         attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
-        span id of its own, sent to the engine as ``traceparent``."""
+        span id of its own, sent to the engine as ``traceparent``. ``key`` and ``route`` place a request
+        that must wait in the flow queue (its class and its principal's share); they are read only then."""
         load = self.load
         attempt = _Attempt(self, proto, out, _planned(targets, self.max_attempts), peer, trace, span)
         full: list[Target] = []
@@ -188,7 +192,12 @@ class Forwarder:
             if await attempt.run(target, place):
                 return attempt.result()
         if full and attempt.tries == 0:
-            target, place = await load.wait(full)
+            if key is None:
+                target, place = await load.wait(full, STANDARD, "")
+            else:
+                principal = key.principal
+                rank = key.flow_class(route) if route is not None else STANDARD
+                target, place = await load.wait(full, rank, principal.id, principal.weight)
             attempt.last = attempt.tries + 1
             if await attempt.run(target, place):
                 return attempt.result()

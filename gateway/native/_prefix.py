@@ -103,6 +103,14 @@ class PrefixIndex(SharedBuffer):
             raise_for(n)
         return n
 
+    def held(self, target: int) -> int:
+        """How many (block, ``target``) pairs the index holds now: what it believes ``target``'s engine
+        caches of what it was sent."""
+        n: int = _lib.gw_pix_held(self._base, self._size, target)
+        if n < 0:
+            raise_for(n)
+        return n
+
     def stats(self) -> IndexStats:
         out = self._out
         rc = _lib.gw_pix_stats(self._base, self._size, out)

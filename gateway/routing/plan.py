@@ -68,6 +68,8 @@ class Route:
     decision: Decision | None = None  # where a request goes when it has no rules and all is up
     # An upstream "context length exceeded" 400 may fail over to a target with a larger window.
     context_failover: bool = False
+    # Flow-control class of the frontend model's requests (gateway.dataplane.flow rank); None: unset.
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.rules:

@@ -20,8 +20,9 @@ the fallback the forwarder walks if the first fails.
   less its matched blocks) plus ``load_cost`` bytes per request it has in flight (this host's count, exact,
   or the engine's running count when larger, plus the engine's waiting queue). The balance rule comes
   first: a target loaded more than ``balance_abs`` requests above the least-loaded and more than
-  ``balance_rel`` times it goes after every target that is not. Cheapest first, ties in turn; the chosen
-  target's blocks are then noted in the index.
+  ``balance_rel`` times it goes after every target that is not. Cheapest first; equal costs to the target
+  the index holds least for (the most room in its engine's cache, the same in every worker), then in turn.
+  The chosen target's blocks are then noted in the index.
 
 State (rotation counters, weights' credit) is per worker and per snapshot generation. No I/O here.
 """
@@ -178,7 +179,7 @@ class CacheTuning:
 
     block_bytes: int = 64  # about 16 tokens: an engine's KV block
     load_cost: int = 1024  # bytes of prefill one request in flight is worth
-    balance_abs: int = 8
+    balance_abs: int = 32
     balance_rel: float = 1.5
 
 
@@ -223,19 +224,22 @@ class CacheAware(Policy):
         low = min((x for x, ok in zip(loads, usable, strict=True) if ok), default=0)
         hot_above = max(low + tuning.balance_abs, low * tuning.balance_rel)
         size = len(prompt)
-        held = [0] * n
+        matched = [0] * n
         ranks = []
         for i in range(n):
             if index is not None and blocks is not None:
-                held[i] = index.match(blocks, keys[i]) * block
-            cost = size - held[i] + tuning.load_cost * loads[i]
-            ranks.append((not usable[i], loads[i] > hot_above, cost, (i - start) % n))
+                matched[i] = index.match(blocks, keys[i]) * block
+            cost = size - matched[i] + tuning.load_cost * loads[i]
+            # Equal costs (often: a prompt no target holds, equal loads) go where the index holds least,
+            # the engine with the most room, as every worker sees it; then in turn.
+            room = index.held(keys[i]) if index is not None else 0
+            ranks.append((not usable[i], loads[i] > hot_above, cost, room, (i - start) % n))
         order = sorted(range(n), key=ranks.__getitem__)
         best = order[0]
         if index is not None and blocks is not None and usable[best]:
             if blocks.count:
                 index.insert(blocks, keys[best])
-            load.note_prefix(targets[best].backend.name, size, held[best])
+            load.note_prefix(targets[best].backend.name, size, matched[best])
         return tuple(targets[i] for i in order)
 
 

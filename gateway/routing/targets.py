@@ -26,8 +26,11 @@ class Backend:
     # halves while the engine's waiting queue is at or above waiting_high_water, grows back by one a scrape.
     max_concurrency: int | None = None
     waiting_high_water: int = 8
-    queue_size: int = 64  # requests a host lets wait for the gate; past it, 503 at once
-    queue_timeout: float = 5.0  # how long one waits before its 503
+    queue_size: int = 64  # requests a host lets wait for the gate; past it, 429 at once
+    queue_timeout: float = 5.0  # how long one waits before its 429
+    # Saturated too (as if its gate were full) while its engine's last scrape shows the KV cache at or
+    # above this fraction and this host has requests in flight on it.
+    kv_high_water: float = 0.98
     health_path: str | None = None  # active probe (GET); None: no probe beyond the metrics scrape
     # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
     # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
@@ -79,6 +82,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             waiting_high_water=int(b.get("waiting_high_water", 8)),
             queue_size=int(b.get("queue_size", 64)),
             queue_timeout=float(b.get("queue_timeout", 5.0)),
+            kv_high_water=float(b.get("kv_high_water", 0.98)),
             health_path=b.get("health_path"),
             responses_api=b.get("responses_api") is True,
             credentials=tuple(Credential.from_doc(name, c) for c in b.get("credentials") or ()),

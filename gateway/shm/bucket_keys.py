@@ -18,6 +18,13 @@ def bucket_key(scope: str, kind: str) -> int:
     return int.from_bytes(h.digest(), "little") or 1
 
 
+def flow_keys(backend: str) -> tuple[int, int, int]:
+    """The gauges of the requests waiting in any of this host's workers' flow queues for ``backend``, one
+    per class (critical, standard, sheddable): what lets a worker leave a freed place to another worker's
+    waiter of a higher class."""
+    return tuple(bucket_key(f"b:{backend}", f"waiting:{c}") for c in range(3))  # type: ignore[return-value]
+
+
 def backend_keys(backend: str) -> tuple[int, int]:
     """The gauges of one backend: requests in flight on it from this host, and requests waiting for its
     flow-control gate."""

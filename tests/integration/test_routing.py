@@ -349,7 +349,7 @@ def test_gate_ceiling_follows_the_engine_queue(tmp_path: Path) -> None:
         wait_until(lambda: env.backend_view("a")["gate"]["ceiling"] == 1, what="ceiling falls to 1")
         assert env.backend_view("a")["engine"]["waiting"] == 10
         time.sleep(0.3)  # the workers re-read the engine document every 0.1 s
-        # One request holds the only place for 1 s; two wait in the proxy's queue; the rest get 503 at once.
+        # One request holds the only place for 1 s; two wait in the proxy's queue; the rest get 429 at once.
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             slow = pool.submit(env.post, headers={"x-mock-delay": "1.0"})
             wait_until(lambda: env.backend_view("a")["gate"]["in_flight"] == 1, what="first request in")
@@ -357,8 +357,8 @@ def test_gate_ceiling_follows_the_engine_queue(tmp_path: Path) -> None:
             answers = [f.result() for f in rest]
             assert slow.result().status_code == 200
         statuses = Counter(r.status_code for r in answers)
-        assert statuses[503] >= 4 and statuses[200] >= 1, statuses
-        refused = next(r for r in answers if r.status_code == 503)
+        assert statuses[429] >= 4 and statuses[200] >= 1, statuses
+        refused = next(r for r in answers if r.status_code == 429)
         assert refused.headers["retry-after"] == "2"
         assert refused.json()["error"]["code"] == "backend_saturated"
         # The queue drains: the ceiling grows back by one per scrape.

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.native import PrefixIndex, RegionError, prefix_region_size
 
-HEADER = 64
+HEADER = 64 + 256 * 16  # the header and the targets' counts
 
 
 def used_slots(buf: bytearray, entries: int) -> int:
@@ -87,3 +87,19 @@ def test_regions_are_checked() -> None:
     index = PrefixIndex.private(8)
     assert index.entries == 8
     assert index.blocks(b"short", 64).count == 0
+
+
+def test_the_pairs_each_target_holds_are_counted_through_evictions() -> None:
+    entries = 64
+    buf = bytearray(prefix_region_size(entries))
+    index = PrefixIndex.create_layout(buf, entries, 3)
+    assert index.held(1) == 0
+    first = index.blocks(b"a" * 64 * 10, 64)
+    index.insert(first, 1)
+    index.insert(first, 1)  # refreshed, not counted again
+    assert index.held(1) == 10 and index.held(2) == 0
+    for n in range(30):  # target 2 floods the 64 slots: target 1's pairs are the least recently used
+        index.insert(index.blocks(bytes([n]) * 64 * 8, 64), 2)
+    held_one, held_two = index.held(1), index.held(2)
+    assert held_one < 10
+    assert held_one + held_two == used_slots(buf, entries) <= entries

@@ -412,4 +412,4 @@ def test_cache_aware_knobs_reach_the_policy(tmp_path: Path) -> None:
     store.close()
     assert doc["pools"]["kv"]["cache"] == {"block_bytes": 128, "load_cost": 300, "balance_rel": 2.5}
     policy = Snapshot.from_doc(doc, 1).pools["kv"].policy
-    assert policy.tuning == CacheTuning(block_bytes=128, load_cost=300, balance_abs=8, balance_rel=2.5)
+    assert policy.tuning == CacheTuning(block_bytes=128, load_cost=300, balance_abs=32, balance_rel=2.5)

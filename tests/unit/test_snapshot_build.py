@@ -27,6 +27,7 @@ from gateway.controlplane.config.specs import (
 from gateway.controlplane.config.writer import dump_config
 from gateway.controlplane.snapshot_build import MAX_LOGGED, build_doc, build_snapshot_doc
 from gateway.controlplane.store import Store, open_store
+from gateway.errors import ConfigError
 from gateway.keys import hash_secret
 from gateway.snapshot import Snapshot
 
@@ -636,3 +637,84 @@ def test_a_pool_whose_credentials_are_all_gone_is_skipped(settings: Settings) ->
         state = replace(store.read_state(), backends=[b for b in store.read_state().backends if b[0] == "p"])
         doc = build_doc(state)
         assert "p" not in doc["backends"] and doc["skipped"] >= 1
+
+
+def test_flow_control_fields_travel_from_the_file_to_the_data_plane(settings: Settings) -> None:
+    cfg = parse_config(
+        {
+            "backends": [
+                {"name": "a", "url": "http://127.0.0.1:8001", "max_concurrency": 2, "kv_high_water": 0.9}
+            ],
+            "provider_models": [{"name": "pm", "backends": ["a"]}],
+            "models": [
+                {"name": "chat", "chain": ["pm"], "aliases": ["bulk-*"], "priority": "sheddable"},
+                {"name": "plain", "chain": ["pm"]},
+            ],
+            "roles": [{"name": "user", "permissions": ["model/*"]}],
+            "principals": [
+                {"name": "alice", "roles": ["user"], "priority": "critical", "weight": 3},
+                {"name": "bob", "roles": ["user"]},
+            ],
+            "keys": [
+                {
+                    "name": "alice-batch",
+                    "principal": "alice",
+                    "secret": "sk-gw-alice-batch-0001",
+                    "priority": "sheddable",
+                },
+                {"name": "alice-dev", "principal": "alice", "secret": "sk-gw-alice-dev-00001"},
+                {"name": "bob-dev", "principal": "bob", "secret": "sk-gw-bob-dev-0000001"},
+            ],
+        },
+        "test",
+    )
+    with open_store(settings) as store:
+        store.apply_config(cfg, hash_key=HASH_KEY, environ={}, actor="test")
+        doc = build_snapshot_doc(store)
+        snap = Snapshot.from_doc(doc, 1)
+        # `gateway export` writes them back.
+        exported = parse_config(tomllib.loads(dump_config(store.config_doc())), "export")
+    assert exported.principals == cfg.principals and exported.keys[0].priority == "sheddable"
+    assert exported.models == cfg.models and exported.backends[0].kv_high_water == 0.9
+    assert snap.backends["a"].kv_high_water == 0.9
+    chat, plain = snap.routes["chat"], snap.routes["plain"]
+    assert snap.route("bulk-x") is not None and snap.route("bulk-x").priority == 2  # type: ignore[union-attr]
+    alice_batch = snap.keys[hash_secret("sk-gw-alice-batch-0001", HASH_KEY)]
+    alice_dev = snap.keys[hash_secret("sk-gw-alice-dev-00001", HASH_KEY)]
+    bob_dev = snap.keys[hash_secret("sk-gw-bob-dev-0000001", HASH_KEY)]
+    assert (alice_dev.principal.weight, bob_dev.principal.weight) == (3, 1)
+    # The most specific wins: the key's, then the principal's, then the model's; none: standard.
+    assert alice_batch.flow_class(plain) == 2  # the key says sheddable over its principal's critical
+    assert alice_dev.flow_class(chat) == 0  # the principal's critical over the model's sheddable
+    assert bob_dev.flow_class(chat) == 2  # the model's
+    assert bob_dev.flow_class(plain) == 1  # standard
+
+
+@pytest.mark.parametrize(
+    ("section", "fields", "expected"),
+    [
+        (
+            "principals",
+            {"priority": "urgent"},
+            'principals[0].priority: must be one of "critical", "standard"',
+        ),
+        ("principals", {"weight": 0}, "principals[0].weight: must be a whole number from 1 to 1000"),
+        ("principals", {"weight": 1.5}, "principals[0].weight: must be a whole number"),
+        ("keys", {"priority": 1}, "keys[0].priority: must be one of"),
+        ("models", {"priority": "high"}, "models[0].priority: must be one of"),
+        ("backends", {"kv_high_water": 1.5}, "backends[0].kv_high_water: must be a fraction"),
+    ],
+)
+def test_flow_control_fields_are_checked(section: str, fields: dict[str, object], expected: str) -> None:
+    raw: dict[str, list[dict[str, object]]] = {
+        "backends": [{"name": "a", "url": "http://127.0.0.1:8001"}],
+        "provider_models": [{"name": "pm", "backends": ["a"]}],
+        "models": [{"name": "chat", "chain": ["pm"]}],
+        "roles": [{"name": "user", "permissions": ["model/*"]}],
+        "principals": [{"name": "alice", "roles": ["user"]}],
+        "keys": [{"name": "k", "principal": "alice"}],
+    }
+    raw[section][0].update(fields)
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw, "test")
+    assert expected in str(err.value)

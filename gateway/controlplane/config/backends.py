@@ -102,6 +102,14 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
         counts.append(value)
     queue_timeout = read_timeout(p, place, item, "queue_timeout", 5.0) if "queue_timeout" in item else None
     ok = ok and ("queue_timeout" not in item or queue_timeout is not None)
+    kv_high_water = item.get("kv_high_water")
+    if kv_high_water is not None and (
+        isinstance(kv_high_water, bool)
+        or not isinstance(kv_high_water, int | float)
+        or not 0 < kv_high_water <= 1
+    ):
+        p.add(f"{place}.kv_high_water", "must be a fraction of the KV cache above 0 and at most 1, e.g. 0.95")
+        ok = False
     health_path = item.get("health_path")
     if health_path is not None and (
         not isinstance(health_path, str) or (health_path and not health_path.startswith("/"))
@@ -131,6 +139,7 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
         waiting_high_water=counts[1],
         queue_size=counts[2],
         queue_timeout=queue_timeout,
+        kv_high_water=None if kv_high_water is None else float(kv_high_water),
         health_path=health_path,
         api_key_file=api_key_file,
         responses_api=responses_api,

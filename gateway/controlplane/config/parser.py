@@ -27,8 +27,10 @@ from gateway.controlplane.config.routing import (
     check_routing,
     parse_networks,
     parse_pool,
+    parse_priority,
     parse_prompt_class,
     parse_rules,
+    parse_weight,
 )
 from gateway.controlplane.config.specs import (
     LIMIT_FIELDS,
@@ -203,7 +205,9 @@ def _provider_model(p: Problems, place: str, item: dict[str, Any]) -> ProviderMo
 
 
 def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
-    p.unknown_fields(place, item, ("name", "chain", "aliases", "price", "rules", "context_failover"))
+    p.unknown_fields(
+        place, item, ("name", "chain", "aliases", "price", "rules", "context_failover", "priority")
+    )
     if isinstance(item.get("aliases"), list):  # even if invalid: see Problems.declared
         p.declared.setdefault("aliases", set()).update(a for a in item["aliases"] if isinstance(a, str))
     name = read_name(p, place, item)
@@ -218,9 +222,10 @@ def _model(p: Problems, place: str, item: dict[str, Any]) -> ModelSpec | None:
     failover = item.get("context_failover", False)
     if not isinstance(failover, bool):
         p.add(f"{place}.context_failover", "must be true or false")
+    priority = parse_priority(p, place, item)
     if name is None or chain is None or aliases is None or rules is None or len(p.lines) > before:
         return None
-    return ModelSpec(name, chain, aliases, price, rules, failover)
+    return ModelSpec(name, chain, aliases, price, rules, failover, priority)
 
 
 def _routing_table(p: Problems, raw: object) -> str | None:
@@ -375,23 +380,38 @@ def _model_limits(p: Problems, place: str, value: object) -> tuple[tuple[str, Li
 
 
 def _principal(p: Problems, place: str, item: dict[str, Any]) -> PrincipalSpec | None:
-    p.unknown_fields(place, item, ("name", "roles", "limits", "model_limits", "budget", "budgets"))
+    p.unknown_fields(
+        place, item, ("name", "roles", "limits", "model_limits", "budget", "budgets", "priority", "weight")
+    )
     before = len(p.lines)
     name = read_name(p, place, item)
     roles = read_names(p, f"{place}.roles", item.get("roles", []), required=False)
     limits = _limits(p, f"{place}.limits", item["limits"]) if "limits" in item else None
     model_limits = _model_limits(p, f"{place}.model_limits", item.get("model_limits", {}))
     budgets = parse_budgets(p, place, item)
+    priority = parse_priority(p, place, item)
+    weight = parse_weight(p, place, item)
     if len(p.lines) > before or name is None or roles is None:
         return None
-    return PrincipalSpec(name, roles, limits, model_limits, budgets)
+    return PrincipalSpec(name, roles, limits, model_limits, budgets, priority, weight)
 
 
 def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
     p.unknown_fields(
         place,
         item,
-        ("name", "principal", "secret", "expires_at", "limits", "allow_ips", "models", "budget", "budgets"),
+        (
+            "name",
+            "principal",
+            "secret",
+            "expires_at",
+            "limits",
+            "allow_ips",
+            "models",
+            "budget",
+            "budgets",
+            "priority",
+        ),
     )
     ok = True
     name = read_name(p, place, item)
@@ -425,10 +445,11 @@ def _key(p: Problems, place: str, item: dict[str, Any]) -> KeySpec | None:
         ok = ok and models is not None
     before = len(p.lines)
     budgets = parse_budgets(p, place, item)
+    priority = parse_priority(p, place, item)
     ok = ok and len(p.lines) == before
     if not ok or name is None or principal is None:
         return None
-    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models, budgets)
+    return KeySpec(name, principal, secret, expires_at, limits, allow_ips, models, budgets, priority)
 
 
 def _check_references(

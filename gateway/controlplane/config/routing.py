@@ -13,7 +13,7 @@ store as JSON rows, ``writer.dump_config`` writes them back as TOML from the spe
     weights = [3, 1]                   # weighted only
     prefix_bytes = 512                 # prefix_affinity only: how much of the body is hashed
     max_inflight = 32                  # prefix_affinity only: past it, the least-loaded member goes first
-    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 8, balance_rel = 1.5
+    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 32, balance_rel = 1.5
 
     [[models.rules]]                   # under a [[models]] table; terminal, first match wins
     name = "free streams"
@@ -35,6 +35,7 @@ from typing import Any
 
 from gateway.controlplane.config.problems import Problems
 from gateway.controlplane.config.specs import PoolSpec, PromptClassSpec, RuleSpec
+from gateway.dataplane.flow import PRIORITIES
 from gateway.routing.policies import POLICIES
 
 __all__ = [
@@ -43,8 +44,10 @@ __all__ = [
     "parse_count",
     "parse_networks",
     "parse_pool",
+    "parse_priority",
     "parse_prompt_class",
     "parse_rules",
+    "parse_weight",
     "rule_when_doc",
 ]
 
@@ -406,3 +409,22 @@ def rule_when_doc(when: dict[str, Any]) -> dict[str, Any]:
     if "days" in when:
         out["days"] = [DAYS.index(d) for d in when["days"]]
     return out
+
+
+def parse_priority(p: Problems, place: str, item: dict[str, Any]) -> str | None:
+    """A table's ``priority``: one of the flow-control classes, or None when not set."""
+    value = item.get("priority")
+    if value is not None and value not in PRIORITIES:
+        names = ", ".join(f'"{n}"' for n in PRIORITIES)
+        p.add(f"{place}.priority", f"must be one of {names} (got {value!r})")
+        return None
+    return value
+
+
+def parse_weight(p: Problems, place: str, item: dict[str, Any]) -> int | None:
+    """A principal's ``weight``: a positive integer, its share while requests wait; None when not set."""
+    value = item.get("weight")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 1000):
+        p.add(f"{place}.weight", "must be a whole number from 1 to 1000 (its share of a saturated backend)")
+        return None
+    return value

@@ -1,6 +1,7 @@
 """The routing entries of a configuration in the store's form: one ``(kind, name, JSON body)`` row per
 entry of the ``routing_entries`` table (pools, rules, prompt classes, backends' flow-control and pool
-credential fields, keys' networks and models, context windows, body logs, the fallback),
+credential fields, keys' networks, models and priority, principals' priority and weight, frontend models'
+context failover and priority, context windows, body logs, the fallback),
 and those rows back to specs, each re-validated by the file parser's own checks. No I/O.
 """
 
@@ -18,8 +19,10 @@ from gateway.controlplane.config.routing import (
     parse_count,
     parse_networks,
     parse_pool,
+    parse_priority,
     parse_prompt_class,
     parse_rules,
+    parse_weight,
 )
 from gateway.controlplane.config.specs import (
     BACKEND_FLOW_FIELDS,
@@ -47,8 +50,13 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
         if pm.context_window is not None:
             rows.append(("context", pm.name, str(pm.context_window)))
     for m in cfg.models:
+        model: dict[str, Any] = {}
         if m.context_failover:
-            rows.append(("model", m.name, '{"context_failover":true}'))
+            model["context_failover"] = True
+        if m.priority is not None:
+            model["priority"] = m.priority
+        if model:
+            rows.append(("model", m.name, orjson.dumps(model).decode()))
         if m.rules:
             rows.append(("rules", m.name, orjson.dumps([r.as_dict() for r in m.rules]).decode()))
     for pool in cfg.pools:
@@ -57,13 +65,19 @@ def routing_rows(cfg: ConfigDoc) -> list[tuple[str, str, str]]:
         rows.append(("class", spec.name, orjson.dumps({"order": order, **spec.as_dict()}).decode()))
     for order, entry in enumerate(cfg.body_logs):
         rows.append(("body_log", entry.name, orjson.dumps({"order": order, **entry.as_dict()}).decode()))
+    for pr in cfg.principals:
+        flow = {k: v for k, v in (("priority", pr.priority), ("weight", pr.weight)) if v is not None}
+        if flow:
+            rows.append(("principal", pr.name, orjson.dumps(flow).decode()))
     for k in cfg.keys:
-        if k.allow_ips or k.models is not None:
+        if k.allow_ips or k.models is not None or k.priority is not None:
             rule: dict[str, Any] = {}
             if k.allow_ips:
                 rule["allow_ips"] = list(k.allow_ips)
             if k.models is not None:
                 rule["models"] = list(k.models)
+            if k.priority is not None:
+                rule["priority"] = k.priority
             rows.append(("key", k.name, orjson.dumps(rule).decode()))
     if cfg.fallback is not None:
         rows.append(("setting", "fallback", orjson.dumps(cfg.fallback).decode()))
@@ -77,11 +91,13 @@ class RoutingRows:
     pools: tuple[PoolSpec, ...]
     fallback: str | None
     skipped: list[str]  # "kind name: why" of rows that no longer parse
-    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models
+    keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # key name -> allow_ips, models, priority
     windows: dict[str, int] = field(default_factory=dict)  # provider model -> context window
     context_failover: frozenset[str] = frozenset()  # frontend models that allow it
     classes: tuple[PromptClassSpec, ...] = ()  # in declaration order
     body_logs: tuple[BodyLogSpec, ...] = ()  # in declaration order
+    principals: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> priority, weight
+    model_priority: dict[str, str] = field(default_factory=dict)  # frontend model -> its priority
 
 
 def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
@@ -96,6 +112,8 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
     failover: set[str] = set()
     classes: list[tuple[int, PromptClassSpec]] = []
     body_logs: list[tuple[int, BodyLogSpec]] = []
+    principals: dict[str, dict[str, Any]] = {}
+    model_priority: dict[str, str] = {}
     for kind, name, body in rows:
         p = Problems()
         try:
@@ -131,11 +149,22 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
             if parse_count(p, name, value, minimum=1) is not None:
                 windows[name] = value
         elif kind == "model" and isinstance(value, dict):
-            p.unknown_fields(name, value, ("context_failover",))
-            if value.get("context_failover") is True:
-                failover.add(name)
+            p.unknown_fields(name, value, ("context_failover", "priority"))
+            priority = parse_priority(p, name, value)
+            if not p.lines:
+                if value.get("context_failover") is True:
+                    failover.add(name)
+                if priority is not None:
+                    model_priority[name] = priority
+        elif kind == "principal" and isinstance(value, dict):
+            p.unknown_fields(name, value, ("priority", "weight"))
+            parse_priority(p, name, value)
+            parse_weight(p, name, value)
+            if not p.lines:
+                principals[name] = value
         elif kind == "key" and isinstance(value, dict):
-            p.unknown_fields(name, value, ("allow_ips", "models"))
+            p.unknown_fields(name, value, ("allow_ips", "models", "priority"))
+            parse_priority(p, name, value)
             if "allow_ips" in value:
                 parse_networks(p, f"{name}.allow_ips", value["allow_ips"])
             models = value.get("models")
@@ -160,4 +189,6 @@ def routing_from_rows(rows: Iterable[tuple[str, str, str]]) -> RoutingRows:
         frozenset(failover),
         tuple(spec for _, spec in sorted(classes, key=lambda c: c[0])),
         tuple(entry for _, entry in sorted(body_logs, key=lambda b: b[0])),
+        principals,
+        model_priority,
     )

@@ -49,6 +49,7 @@ BACKEND_FLOW_FIELDS = (
     "waiting_high_water",
     "queue_size",
     "queue_timeout",
+    "kv_high_water",
     "health_path",
     "responses_api",
 )
@@ -71,6 +72,7 @@ class BackendSpec:
     waiting_high_water: int | None = None
     queue_size: int | None = None
     queue_timeout: float | None = None
+    kv_high_water: float | None = None  # KV cache fraction (0..1] past which the backend counts as saturated
     health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
@@ -122,6 +124,7 @@ class ModelSpec:
     price: PriceSpec | None = None  # charged when a client calls this model or one of its aliases
     rules: tuple[RuleSpec, ...] = ()  # terminal routing rules, first match wins (config.routing)
     context_failover: bool = False  # an upstream context-length 400 may go on to a larger window
+    priority: str | None = None  # flow-control class of its requests (critical, standard, sheddable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,10 @@ class PrincipalSpec:
     # (model name a client calls, limits of this principal calling it), ordered by model name
     model_limits: tuple[tuple[str, LimitsSpec], ...] = ()
     budgets: tuple[BudgetSpec, ...] = ()  # one per period, in the order declared
+    # Flow control: the class of its requests and its share against other principals of the class (None:
+    # unset, standard and 1). Kept as a routing entry (config.routing_rows).
+    priority: str | None = None
+    weight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +197,7 @@ class KeySpec:
     allow_ips: tuple[str, ...] = ()
     models: tuple[str, ...] | None = None
     budgets: tuple[BudgetSpec, ...] = ()  # the key's own, on top of its principal's
+    priority: str | None = None  # flow-control class, over its principal's (a routing entry too)
 
 
 @dataclass(frozen=True, slots=True)

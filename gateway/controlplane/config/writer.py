@@ -157,6 +157,8 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"price = {_toml_price(m.price)}")
         if m.context_failover:
             lines.append("context_failover = true")
+        if m.priority is not None:
+            lines.append(f"priority = {_toml_str(m.priority)}")
         for rule in m.rules:
             lines += ["", "[[models.rules]]"]
             lines += [f"{k} = {toml_value(v)}" for k, v in rule.as_dict().items()]
@@ -182,6 +184,10 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
         if pr.model_limits:
             entries = ", ".join(f"{toml_key(m)} = {_toml_limits(spec)}" for m, spec in pr.model_limits)
             lines.append(f"model_limits = {{ {entries} }}")
+        if pr.priority is not None:
+            lines.append(f"priority = {_toml_str(pr.priority)}")
+        if pr.weight is not None:
+            lines.append(f"weight = {pr.weight}")
         lines += _toml_budgets(pr.budgets)
     for k in doc.keys:
         lines += ["", "[[keys]]", f"name = {_toml_str(k.name)}", f"principal = {_toml_str(k.principal)}"]
@@ -195,5 +201,7 @@ def dump_config(doc: ConfigDoc, header: str = "") -> str:
             lines.append(f"allow_ips = {_toml_list(k.allow_ips)}")
         if k.models is not None:
             lines.append(f"models = {_toml_list(k.models)}")
+        if k.priority is not None:
+            lines.append(f"priority = {_toml_str(k.priority)}")
         lines += _toml_budgets(k.budgets)
     return "\n".join(lines).lstrip("\n") + "\n"

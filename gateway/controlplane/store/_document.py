@@ -181,6 +181,7 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
                 prices.get(n),
                 routing.rules.get(n, ()),
                 n in routing.context_failover,
+                routing.model_priority.get(n),
             )
             for n in st.models
         ),
@@ -192,6 +193,8 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
                 limits_from(row[2:5]),
                 model_limits.get(row[0], ()),
                 budgets.get(row[0], ()),
+                routing.principals.get(row[1], {}).get("priority"),
+                routing.principals.get(row[1], {}).get("weight"),
             )
             for row in st.principals
         ),
@@ -205,6 +208,7 @@ def read_config_doc(tx: Transaction, vault: Vault | None, *, credentials: bool) 
                 tuple(routing.keys.get(k[1], {}).get("allow_ips", ())),
                 _key_models(routing.keys.get(k[1], {})),
                 key_budgets.get(k[0], ()),
+                routing.keys.get(k[1], {}).get("priority"),
             )
             for k in sorted(st.keys, key=lambda k: str(k[1]))
             if k[7] == MANAGED_BY_FILE and k[1] is not None and k[2] in principal_names

@@ -19,6 +19,7 @@ from itertools import chain, repeat
 from operator import add, itemgetter, truediv
 from typing import Any
 
+from gateway.dataplane.flow import PRIORITIES, WAIT_BUCKETS
 from gateway.usage_record import UsageRecord
 
 __all__ = ["LATENCY_BUCKETS", "Metrics"]
@@ -227,6 +228,7 @@ class Metrics:
                 refusals[status] += n
         for status, n in sorted(refusals.items()):
             out.append(f'gateway_refusals_total{{status="{_escape(status)}"}} {n}')
+        _render_flow(host, out, family)
         family("gateway_backend_answers_total", "counter", "Upstream answers this host relayed, by backend.")
         family(
             "gateway_backend_failures_total", "counter", "Connect errors, timeouts, 429 and 5xx, by backend."
@@ -278,3 +280,54 @@ class Metrics:
         family("gateway_usage_pending", "gauge", "Usage records waiting to reach the store from this host.")
         out.append(f"gateway_usage_pending {host.get('usage_pending', 0)}")
         return "\n".join(out) + "\n"
+
+
+def _render_flow(host: dict[str, Any], out: list[str], family: Callable[[str, str, str], None]) -> None:
+    """Flow control's figures per priority, the host's proxy workers' added up (their ``"flow"``)."""
+    depth = dict.fromkeys(PRIORITIES, 0)
+    dispatched = dict.fromkeys(PRIORITIES, 0)
+    refused: dict[tuple[str, str], int] = defaultdict(int)
+    counts = {p: [0] * len(WAIT_BUCKETS) for p in PRIORITIES}
+    sums = dict.fromkeys(PRIORITIES, 0.0)
+    for worker in host.get("proxy_workers", []):
+        for prio, f in (worker.get("flow") or {}).items():
+            if prio not in depth:
+                continue
+            depth[prio] += f.get("depth", 0)
+            dispatched[prio] += f.get("dispatched", 0)
+            for reason, n in (f.get("refused") or {}).items():
+                refused[prio, reason] += n
+            wait = f.get("wait") or {}
+            for i, n in enumerate((wait.get("counts") or [])[: len(WAIT_BUCKETS)]):
+                counts[prio][i] += n
+            sums[prio] += wait.get("sum", 0.0)
+    family("gateway_flow_queue_depth", "gauge", "Requests waiting in flow control's queues, by priority.")
+    for prio in PRIORITIES:
+        out.append(f'gateway_flow_queue_depth{{priority="{prio}"}} {depth[prio]}')
+    family(
+        "gateway_flow_wait_seconds",
+        "histogram",
+        "How long requests that waited for a saturated backend waited before dispatch, by priority.",
+    )
+    for prio in PRIORITIES:
+        running = 0
+        for bound, n in zip(WAIT_BUCKETS, counts[prio], strict=True):
+            running += n
+            out.append(f'gateway_flow_wait_seconds_bucket{{priority="{prio}",le="{bound:g}"}} {running}')
+        out.append(f'gateway_flow_wait_seconds_bucket{{priority="{prio}",le="+Inf"}} {dispatched[prio]}')
+        out.append(f'gateway_flow_wait_seconds_sum{{priority="{prio}"}} {sums[prio]:.6f}')
+        out.append(f'gateway_flow_wait_seconds_count{{priority="{prio}"}} {dispatched[prio]}')
+    family(
+        "gateway_flow_dispatched_total",
+        "counter",
+        "Requests flow control dispatched, by priority.",
+    )
+    for prio in PRIORITIES:
+        out.append(f'gateway_flow_dispatched_total{{priority="{prio}"}} {dispatched[prio]}')
+    family(
+        "gateway_flow_refused_total",
+        "counter",
+        "Requests flow control answered 429, by priority and reason: queue_full, timeout, shed.",
+    )
+    for (prio, reason), n in sorted(refused.items()):
+        out.append(f'gateway_flow_refused_total{{priority="{prio}",reason="{_escape(reason)}"}} {n}')
