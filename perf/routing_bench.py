@@ -363,7 +363,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--load", choices=("moderate", "high", "both"), default="both")
     parser.add_argument("--moderate", type=int, default=16, help="sessions at once under moderate load")
-    parser.add_argument("--high", type=int, default=48, help="sessions at once near saturation")
+    parser.add_argument("--high", type=int, default=128, help="sessions at once near saturation")
     parser.add_argument("--think", type=float, default=2.0, help="mean think time between turns, seconds")
     parser.add_argument(
         "--cache-share", type=float, default=0.3, help="share of the working set one engine's KV cache holds"
