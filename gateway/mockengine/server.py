@@ -7,7 +7,7 @@ the store of responses, from ``responses_api``), Anthropic's
 envelope of the path's protocol), and obeys a ``Behaviour`` that tests change over HTTP under ``/mock/``.
 All state (behaviour, recordings, counters) lives on the instance, one per process; everything runs on one
 event loop, so nothing needs a lock. With a ``SimConfig`` (``--sim``), chat and text completions are not
-planned whole: each becomes a sequence in a simulated engine (``sim``, stepped by ``simulated.Driver``)
+planned whole: each becomes a sequence in a simulated engine (``sim``, stepped by ``simulated.StepLoop``)
 and is answered token by token as its steps emit them, and ``/metrics`` reports that engine.
 
 I/O: reads request bodies and writes responses through the RSGI protocol object, sleeps for configured
@@ -111,7 +111,7 @@ class MockEngine:
         self._sleepers: set[asyncio.Future[None]] = set()
         self.stored = responses_api.ResponseStore()
         # --sim: chat and text completions go through a simulated engine (see ``sim``) instead of ``_plan``.
-        self.sim = simulated.Driver(sim.Engine(sim_config)) if sim_config is not None else None
+        self.sim = simulated.StepLoop(sim.Engine(sim_config)) if sim_config is not None else None
 
     def begin_shutdown(self) -> None:
         """Cut waits short and end streams at their next chunk, so the server can drain promptly."""
@@ -384,7 +384,7 @@ class MockEngine:
     async def _sim_answer(
         self,
         proto: HTTPProtocol,
-        driver: simulated.Driver,
+        driver: simulated.StepLoop,
         seq: sim.Sequence,
         frames: simulated.Frames,
         streamed: bool,

@@ -1,6 +1,6 @@
 """The asyncio side of the simulated engine (``--sim``): the step loop, and the bodies and metrics it shows.
 
-``Driver`` owns a ``sim.Engine`` and one task that runs while anything waits or runs: plan a step, sleep
+``StepLoop`` owns a ``sim.Engine`` and one task that runs while anything waits or runs: plan a step, sleep
 its duration (one timer per step, whatever the number of sequences), commit it and wake the requests
 whose sequence progressed. ``Frames`` builds a request's SSE events and whole body; per token it only
 concatenates a prebuilt head and tail around the piece. ``metrics_text`` renders the engine's state as
@@ -20,10 +20,10 @@ import orjson
 from gateway.mockengine import sim
 from gateway.mockengine.responses import DONE
 
-__all__ = ["Driver", "Frames", "metrics_text", "stats_json"]
+__all__ = ["Frames", "StepLoop", "metrics_text", "stats_json"]
 
 
-class Driver:
+class StepLoop:
     def __init__(self, engine: sim.Engine) -> None:
         self.engine = engine
         self._task: asyncio.Task[None] | None = None
