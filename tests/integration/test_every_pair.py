@@ -68,6 +68,15 @@ def config(url: str) -> str:
             f'name = "m-{name}"',
             f'chain = ["pm-{name}"]',
             "",
+            # Every request is routed by a cache_aware pool: each generated body is rendered and hashed.
+            "[[models.rules]]",
+            f'route = ["kv-{name}"]',
+            "",
+            "[[pools]]",
+            f'name = "kv-{name}"',
+            'policy = "cache_aware"',
+            f'members = ["pm-{name}"]',
+            "",
         ]
     lines += [
         '[[roles]]\nname = "user"\npermissions = ["model/*"]\n',
