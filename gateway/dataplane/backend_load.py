@@ -16,8 +16,10 @@ worker dispatches the head of the queue at once; other workers' releases are fou
 ``POLL`` seconds while anything waits. At dispatch the waiter's targets are re-ordered (its ``reorder``
 callable, else as given) and the first open gate wins. A full queue sheds its newest sheddable waiter for
 a newcomer of a higher class, or refuses the newcomer: 429 with Retry-After either way, as for a wait
-that ran out. While requests wait for a backend, newcomers of this worker queue behind them rather than
-take a place that frees. Nothing here is touched while nothing waits, beyond one test in ``enter``.
+that ran out. While requests of any worker wait for a backend (its per-class waiting gauges, which also
+let a worker leave a freed place to another worker's waiter of a higher class), newcomers queue behind
+them rather than take a place that frees. While nothing waits, ``enter`` makes one test of this worker's
+queue and, for a gated backend, reads the three waiting gauges (three C calls).
 No I/O beyond the shared mappings; the engine document is re-read by a background task, never on the
 request path.
 """
