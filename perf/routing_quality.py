@@ -385,26 +385,26 @@ def fairness(
     try:
         engines = _start_fleet(work, engine_flags, services)
         urls = [e.url for e in engines]
+
+        def gated(tenants: str, policy: str) -> GatewayService:
+            (work / tenants).mkdir()
+            service = GatewayService(
+                work / tenants, urls[0], workers=2, accounted=False,
+                config=gateway_pool_config(urls, policy, tenants=tenants, gate=gate),
+            )  # fmt: skip
+            services.append(service)
+            service.start()
+            return service
+
         mode = "flow control (A sheddable, B standard, equal weights)"
-        (work / "flow").mkdir()
-        gateway = GatewayService(
-            work / "flow", urls[0], workers=2, accounted=False,
-            config=gateway_pool_config(urls, "cache_aware", tenants="flow", gate=gate),
-        )  # fmt: skip
-        services.append(gateway)
         try:
-            gateway.start()
+            gateway = gated("flow", "cache_aware")
         except (RuntimeError, TimeoutError) as exc:
             last = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
             mode = f"NO flow control, the gates alone (this checkout refused priorities: {last})"
-            gateway.stop()
-            (work / "gate").mkdir()
-            gateway = GatewayService(
-                work / "gate", urls[0], workers=2, accounted=False,
-                config=gateway_pool_config(urls, "round_robin", tenants="gate", gate=gate),
-            )  # fmt: skip
-            services.append(gateway)
-            gateway.start()
+            services.pop().stop()
+            # A checkout without flow control has no cache_aware either: the gates over round robin.
+            gateway = gated("gate", "round_robin")
 
         alone = _loop_run(_open_loop(gateway.port, KEY_B, workload, rate, seconds, 1))
         # The gated fleet's capacity in requests per second, from B's requests alone: at most ``gate`` in
