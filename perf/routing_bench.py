@@ -329,11 +329,12 @@ def fairness(args: argparse.Namespace, workload: Any, sim: bool) -> None:
     seconds = 5.0 if args.quick else args.fairness_seconds
     rate, gate = args.fairness_rate, args.fairness_gate
     with tempfile.TemporaryDirectory(prefix="routing-fairness-") as tmp:
-        f = rq.fairness(workload, Path(tmp), flags, rate, seconds, args.fairness_gate, args.flood)
+        f = rq.fairness(workload, Path(tmp), flags, rate, seconds, gate, args.flood, args.fairness_reserve)
     share = f["capacity"] / 2  # two tenants of equal weight
     print(
         f"\n## Fairness: tenant B at {rate:g} req/s, then beside tenant A at {f['rate_a']:.1f} req/s "
-        f"({args.flood:g}x its share); {seconds:g} s each; the gateway, every backend gated at {gate}\n"
+        f"({args.flood:g}x its share); {seconds:g} s each; the gateway, every backend gated at {gate}"
+        f" with {args.fairness_reserve} of its places reserved from sheddable requests\n"
     )
     print(f"Mode: {f['mode']}.\n")
     print(
@@ -379,6 +380,12 @@ def main() -> None:
     parser.add_argument("--fairness-rate", type=float, default=2.0, help="tenant B's requests per second")
     parser.add_argument("--fairness-seconds", type=float, default=30.0)
     parser.add_argument("--fairness-gate", type=int, default=2, help="max_concurrency of each backend")
+    parser.add_argument(
+        "--fairness-reserve",
+        type=int,
+        default=1,
+        help="reserved_places of each backend (with flow control): kept from tenant A's sheddable requests",
+    )
     parser.add_argument("--flood", type=float, default=5.0, help="tenant A's rate over its fair share")
     parser.add_argument("--quick", action="store_true", help="2 turns a session, 5 s fairness phases")
     args = parser.parse_args()

@@ -130,12 +130,17 @@ def sim_flags(blocks: int) -> list[str]:
     return flags
 
 
-def gateway_pool_config(urls: Sequence[str], policy: str, tenants: str = "", gate: int = 2) -> str:
+def gateway_pool_config(
+    urls: Sequence[str], policy: str, tenants: str = "", gate: int = 2, reserve: int = 0
+) -> str:
     """Model ``chat`` whose one rule routes to pool ``fleet`` of the engines under ``policy``, one key.
     With ``tenants``, two tenants' keys instead and each backend gated at ``gate`` in flight; ``"flow"`` adds
-    flow control's priorities and weights: tenant A's key sheddable, B's standard, equal weights."""
+    flow control's priorities and weights (tenant A's key sheddable, B's standard, equal weights) and
+    ``reserve`` places of each gate kept from sheddable requests."""
     lines = []
     gated = f"max_concurrency = {gate}\n" if tenants else ""
+    if tenants == "flow" and reserve:
+        gated += f"reserved_places = {reserve}\n"
     for i, url in enumerate(urls):
         lines += [f'[[backends]]\nname = "e{i}"\nurl = "{url}"\nfirst_byte_timeout = 300.0\n{gated}']
         target = f'{{ backend = "e{i}", model = "mock-model" }}'
@@ -378,6 +383,7 @@ def fairness(
     seconds: float,
     gate: int,
     flood: float,
+    reserve: int = 0,
 ) -> dict[str, Any]:
     """Tenant B alone, then B beside A at ``flood`` times its share; the gateway with flow control, or, where
     this checkout refuses its config, with the gates alone (the baseline), which ``mode`` says."""
@@ -390,13 +396,13 @@ def fairness(
             (work / tenants).mkdir()
             service = GatewayService(
                 work / tenants, urls[0], workers=2, accounted=False,
-                config=gateway_pool_config(urls, policy, tenants=tenants, gate=gate),
+                config=gateway_pool_config(urls, policy, tenants=tenants, gate=gate, reserve=reserve),
             )  # fmt: skip
             services.append(service)
             service.start()
             return service
 
-        mode = "flow control (A sheddable, B standard, equal weights)"
+        mode = f"flow control (A sheddable, B standard, equal weights; reserved_places {reserve})"
         try:
             gateway = gated("flow", "cache_aware")
         except (RuntimeError, TimeoutError) as exc:

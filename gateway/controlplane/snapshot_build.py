@@ -74,6 +74,7 @@ _FLOW_DOC = (
     "queue_size",
     "queue_timeout",
     "kv_high_water",
+    "reserved_places",
     "responses_api",
 )  # the store's limit_rpm, limit_tpm, limit_concurrency
 

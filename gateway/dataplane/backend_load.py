@@ -17,9 +17,12 @@ worker dispatches the head of the queue at once; other workers' releases are fou
 callable, else as given) and the first open gate wins. A full queue sheds its newest sheddable waiter for
 a newcomer of a higher class, or refuses the newcomer: 429 with Retry-After either way, as for a wait
 that ran out. While requests of any worker wait for a backend (its per-class waiting gauges, which also
-let a worker leave a freed place to another worker's waiter of a higher class), newcomers queue behind
-them rather than take a place that frees. While nothing waits, ``enter`` makes one test of this worker's
-queue and, for a gated backend, reads the three waiting gauges (three C calls).
+let a worker leave a freed place to another worker's waiter of a higher class), newcomers of their class
+or a lower one queue behind them rather than take a place that frees. A backend's ``reserved_places`` are
+kept from sheddable requests: one takes a place only while more than that many are free, so that a
+standard or critical request arriving at a fleet that sheddable traffic fills finds a place at once.
+While nothing waits, ``enter`` makes one test of this worker's queue and, for a gated backend, reads the
+waiting gauges of its class and those above it (one to three C calls).
 No I/O beyond the shared mappings; the engine document is re-read by a background task, never on the
 request path.
 """
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from gateway.dataplane.flow import PRIORITIES, WAIT_BUCKETS, FlowQueue, Waiter
+from gateway.dataplane.flow import PRIORITIES, SHEDDABLE, STANDARD, WAIT_BUCKETS, FlowQueue, Waiter
 from gateway.errors import GateFull
 from gateway.native import BucketTable, PrefixIndex
 from gateway.routing.load import EngineState, engine_states
@@ -201,24 +204,31 @@ class BackendLoad:
             return max(1, min(state.ceiling, backend.max_concurrency))
         return backend.max_concurrency
 
-    def enter(self, backend: Backend, dispatching: bool = False) -> Place | None:
-        """A place on ``backend``, or None when it is saturated, or when this worker's waiters are queued
-        for it and this is not their dispatch (a newcomer does not overtake them)."""
-        if self._queued_on and not dispatching and backend.name in self._queued_on:
-            return None
-        if (
-            not dispatching
-            and backend.max_concurrency is not None
-            and self.table is not None
-            and self._waits_anywhere(backend.name)
-        ):
-            return None  # requests of another worker wait for it: a newcomer here does not overtake
+    def enter(self, backend: Backend, priority: int = STANDARD, dispatching: bool = False) -> Place | None:
+        """A place on ``backend`` for a request of class ``priority``, or None when it is saturated (for
+        a sheddable request: when no more than ``reserved_places`` are free), or when requests of its class
+        or a higher one wait for it and this is not their dispatch (a newcomer does not overtake them)."""
+        name = backend.name
+        if not dispatching:
+            if self._queued_on and name in self._queued_on and self._waits_here(name, priority):
+                return None
+            if (
+                backend.max_concurrency is not None
+                and self.table is not None
+                and self._waits_anywhere(name, priority)
+            ):
+                return None  # requests of the host wait for it: a newcomer does not overtake them
         if self._kv and self._kv_saturated(backend):
             return None
         if self.table is None:
-            self._local[backend.name] = self._local.get(backend.name, 0) + 1
+            self._local[name] = self._local.get(name, 0) + 1
             return Place(0, -1)
-        return self._take(self._key(backend.name)[0], self.ceiling(backend))
+        limit = self.ceiling(backend)
+        if priority == SHEDDABLE and backend.reserved_places:
+            limit -= backend.reserved_places  # those places stay for critical and standard requests
+            if limit <= 0:
+                return None
+        return self._take(self._key(name)[0], limit)
 
     def _kv_saturated(self, backend: Backend) -> bool:
         kv = self._kv.get(backend.name)
@@ -262,13 +272,13 @@ class BackendLoad:
         queued_on = self._queued_on
         for name in entry.names:
             queued_on[name] = queued_on.get(name, 0) + 1
-        if self.table is not None:
-            classed = self._classed
-            for name in entry.names:
+        classed = self._classed
+        for name in entry.names:
+            if self.table is not None:
                 place = self._take(self._flow_keys(name)[priority], NO_CEILING)
                 if place is not None:
                     entry.classed.append(place)
-                classed[(name, priority)] = classed.get((name, priority), 0) + 1
+            classed[(name, priority)] = classed.get((name, priority), 0) + 1
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         handed = False
@@ -294,13 +304,11 @@ class BackendLoad:
                 for place in entry.classed:
                     self._give(place)
                 entry.classed.clear()
-            if self.table is not None:
-                classed = self._classed
-                for name in entry.names:
-                    if classed[(name, priority)] > 1:
-                        classed[(name, priority)] -= 1
-                    else:
-                        del classed[(name, priority)]
+            for name in entry.names:
+                if classed[(name, priority)] > 1:
+                    classed[(name, priority)] -= 1
+                else:
+                    del classed[(name, priority)]
             if not future.done():
                 future.cancel()
             elif not handed and not future.cancelled() and future.exception() is None:
@@ -338,7 +346,7 @@ class BackendLoad:
             for target in targets:
                 if waiter.priority and self._higher_elsewhere(target.backend.name, waiter.priority):
                     continue  # another worker's waiter of a higher class takes it at its next poll
-                place = self.enter(target.backend, True)
+                place = self.enter(target.backend, waiter.priority, True)
                 if place is not None:
                     flow.dispatch(waiter)
                     self.flow_stats.waited(waiter.priority, now - entry.since)
@@ -361,11 +369,17 @@ class BackendLoad:
         classed = self._classed
         return any(self.table.gauge(keys[c]) > classed.get((backend, c), 0) for c in range(priority))
 
-    def _waits_anywhere(self, backend: str) -> bool:
-        """Whether any request of the host waits for ``backend`` (this worker's own are in ``_queued_on``)."""
+    def _waits_here(self, backend: str, priority: int) -> bool:
+        """Whether a request of this worker of class ``priority`` or a higher one waits for ``backend``."""
+        classed = self._classed
+        return any((backend, c) in classed for c in range(priority + 1))
+
+    def _waits_anywhere(self, backend: str, priority: int) -> bool:
+        """Whether a request of the host of class ``priority`` or a higher one waits for ``backend``."""
         assert self.table is not None
         gauge = self.table.gauge
-        return any(gauge(key) for key in self._flow_keys(backend))
+        keys = self._flow_keys(backend)
+        return any(gauge(keys[c]) for c in range(priority + 1))
 
     async def _poll(self) -> None:
         """While anything waits: look for places other workers freed every ``POLL`` seconds."""

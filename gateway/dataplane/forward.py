@@ -170,10 +170,12 @@ class Forwarder:
         makes those two strings when they are read: a short request never pays for them). Each
         attempt is appended to ``trace`` when given; with ``span`` (a sampled request) each attempt gets a
         span id of its own, sent to the engine as ``traceparent``. ``key`` and ``route`` place a request
-        that must wait in the flow queue (its class and its principal's share); they are read only then."""
+        that must wait in the flow queue (its class and its principal's share); they are read only then, or
+        for a gated backend (a sheddable request does not take its ``reserved_places``)."""
         load = self.load
         attempt = _Attempt(self, proto, out, _planned(targets, self.max_attempts), peer, trace, span)
         full: list[Target] = []
+        rank: int | None = None  # the request's class: read for a gated backend only
         for target in targets:
             if attempt.tries >= self.max_attempts:
                 break
@@ -183,7 +185,12 @@ class Forwarder:
                 if await self._pooled(attempt, target):
                     return attempt.result()
                 continue
-            place = load.enter(target.backend)
+            if target.backend.max_concurrency is None:
+                place = load.enter(target.backend)
+            else:
+                if rank is None:
+                    rank = _flow_class(key, route)
+                place = load.enter(target.backend, rank)
             if place is None:
                 full.append(target)
                 if trace is not None:
@@ -196,7 +203,8 @@ class Forwarder:
                 target, place = await load.wait(full, STANDARD, "")
             else:
                 principal = key.principal
-                rank = key.flow_class(route) if route is not None else STANDARD
+                if rank is None:
+                    rank = _flow_class(key, route)
                 target, place = await load.wait(full, rank, principal.id, principal.weight)
             attempt.last = attempt.tries + 1
             if await attempt.run(target, place):
@@ -328,6 +336,11 @@ WHOLE_LIMIT = 256 * 1024
 KEPT_LIMIT = 1 << 20
 # A whole answer that must be translated is read whole; one larger than this is refused (502), not held.
 TRANSLATE_LIMIT = 64 << 20
+
+
+def _flow_class(key: KeyEntry | None, route: Route | None) -> int:
+    """A request's flow-control class: its key's for ``route``, standard without either."""
+    return STANDARD if key is None or route is None else key.flow_class(route)
 
 
 def _cut_error() -> StreamCut:

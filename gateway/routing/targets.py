@@ -31,6 +31,9 @@ class Backend:
     # Saturated too (as if its gate were full) while its engine's last scrape shows the KV cache at or
     # above this fraction and this host has requests in flight on it.
     kv_high_water: float = 0.98
+    # Of max_concurrency, the places kept for critical and standard requests: a sheddable request takes a
+    # place only while more than this many are free.
+    reserved_places: int = 0
     health_path: str | None = None  # active probe (GET); None: no probe beyond the metrics scrape
     # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
     # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
@@ -83,6 +86,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             queue_size=int(b.get("queue_size", 64)),
             queue_timeout=float(b.get("queue_timeout", 5.0)),
             kv_high_water=float(b.get("kv_high_water", 0.98)),
+            reserved_places=int(b.get("reserved_places", 0)),
             health_path=b.get("health_path"),
             responses_api=b.get("responses_api") is True,
             credentials=tuple(Credential.from_doc(name, c) for c in b.get("credentials") or ()),

@@ -20,7 +20,9 @@ from gateway.shm.worker_stats import WorkerStats, region_bytes
 from gateway.snapshot import Backend, Target
 
 
-def backend(name: str, queue_size: int = 2, queue_timeout: float = 5.0) -> Backend:
+def backend(
+    name: str, queue_size: int = 2, queue_timeout: float = 5.0, gate: int = 1, reserved: int = 0
+) -> Backend:
     return Backend(
         name,
         "http://127.0.0.1:1",
@@ -29,9 +31,10 @@ def backend(name: str, queue_size: int = 2, queue_timeout: float = 5.0) -> Backe
         1.0,
         1.0,
         1.0,
-        max_concurrency=1,
+        max_concurrency=gate,
         queue_size=queue_size,
         queue_timeout=queue_timeout,
+        reserved_places=reserved,
     )
 
 
@@ -123,6 +126,53 @@ def test_a_newcomer_does_not_overtake_this_workers_waiters(load: BackendLoad) ->
     asyncio.run(run())
 
 
+def test_a_newcomer_of_a_higher_class_overtakes_waiters_of_a_lower_one(load: BackendLoad) -> None:
+    async def run() -> None:
+        b = backend("b")
+        t = Target("pm", b, "m")
+        held = load.enter(b, SHEDDABLE)
+        assert held is not None
+        waiting = asyncio.ensure_future(load.wait([t], SHEDDABLE, "bulk"))
+        await settle()
+        assert load.table is not None
+        load.table.leave(held.key, None, -1)  # another worker frees the place
+        assert load.enter(b, SHEDDABLE) is None  # a sheddable newcomer queues behind the sheddable waiter
+        place = load.enter(b, STANDARD)  # a standard one goes first: strict priority
+        assert place is not None and not waiting.done()
+        load.leave(b, place)
+        _, place = await waiting
+        load.leave(b, place)
+
+    asyncio.run(run())
+
+
+def test_reserved_places_are_kept_from_sheddable_requests(load: BackendLoad) -> None:
+    async def run() -> None:
+        b = backend("b", gate=3, reserved=1)
+        t = Target("pm", b, "m")
+        bulk = [load.enter(b, SHEDDABLE), load.enter(b, SHEDDABLE)]
+        assert None not in bulk and load.enter(b, SHEDDABLE) is None  # one of three stays free
+        waiting = asyncio.ensure_future(load.wait([t], SHEDDABLE, "bulk"))
+        await settle()
+        urgent = load.enter(b, STANDARD)  # the reserved place, at once, though a sheddable request waits
+        assert urgent is not None and load.in_flight("b") == 3
+        assert load.enter(b, CRITICAL) is None  # the gate itself is full
+        load.leave(b, urgent)
+        await settle()
+        assert not waiting.done()  # the freed place is the reserved one: not for the sheddable waiter
+        first = bulk.pop()
+        assert first is not None
+        load.leave(b, first)
+        _, place = await waiting  # a place above the reserve: the waiter's
+        assert load.in_flight("b") == 2
+        for p in (place, *bulk):
+            assert p is not None
+            load.leave(b, p)
+        assert load.in_flight("b") == 0
+
+    asyncio.run(run())
+
+
 def test_kv_cache_high_water_saturates_a_backend_with_requests_on_it(load: BackendLoad) -> None:
     b = Backend("b", "http://127.0.0.1:1", None, "openai", 1.0, 1.0, 1.0, kv_high_water=0.9)
     load.set_kv_floor(0.9)  # the snapshot's lowest kv_high_water
@@ -161,7 +211,7 @@ def test_a_wait_that_runs_out_is_429(load: BackendLoad) -> None:
 def test_classes_and_waiters_count_across_the_workers_of_a_host() -> None:
     """Two workers over one bucket table: a place freed by the worker holding only a sheddable waiter is
     left to the other worker's standard waiter (found by its poll), and while anyone waits for the backend
-    a newcomer on either worker queues instead of taking a place that frees."""
+    a newcomer of the same class on either worker queues instead of taking a place that frees."""
 
     async def run(one: BackendLoad, two: BackendLoad) -> None:
         b = backend("b", queue_size=8)
@@ -176,9 +226,10 @@ def test_classes_and_waiters_count_across_the_workers_of_a_host() -> None:
         assert not shed.done()
         target, place = await asyncio.wait_for(std, 1.0)  # worker two's poll took the place
         assert target is t and not shed.done()
-        # A newcomer on worker two, which holds no waiter now, does not overtake worker one's waiter.
+        # A sheddable newcomer on worker two, which holds no waiter now, does not overtake worker one's
+        # sheddable waiter.
         two.leave(b, place)
-        assert two.enter(b) is None or shed.done()
+        assert two.enter(b, SHEDDABLE) is None or shed.done()
         _, place = await asyncio.wait_for(shed, 1.0)
         one.leave(b, place)
         assert two.enter(b) is not None  # nobody waits: the gate is open to newcomers again

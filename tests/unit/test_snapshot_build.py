@@ -643,7 +643,13 @@ def test_flow_control_fields_travel_from_the_file_to_the_data_plane(settings: Se
     cfg = parse_config(
         {
             "backends": [
-                {"name": "a", "url": "http://127.0.0.1:8001", "max_concurrency": 2, "kv_high_water": 0.9}
+                {
+                    "name": "a",
+                    "url": "http://127.0.0.1:8001",
+                    "max_concurrency": 2,
+                    "kv_high_water": 0.9,
+                    "reserved_places": 1,
+                }
             ],
             "provider_models": [{"name": "pm", "backends": ["a"]}],
             "models": [
@@ -676,7 +682,8 @@ def test_flow_control_fields_travel_from_the_file_to_the_data_plane(settings: Se
         exported = parse_config(tomllib.loads(dump_config(store.config_doc())), "export")
     assert exported.principals == cfg.principals and exported.keys[0].priority == "sheddable"
     assert exported.models == cfg.models and exported.backends[0].kv_high_water == 0.9
-    assert snap.backends["a"].kv_high_water == 0.9
+    assert exported.backends[0].reserved_places == 1
+    assert snap.backends["a"].kv_high_water == 0.9 and snap.backends["a"].reserved_places == 1
     chat, plain = snap.routes["chat"], snap.routes["plain"]
     assert snap.route("bulk-x") is not None and snap.route("bulk-x").priority == 2  # type: ignore[union-attr]
     alice_batch = snap.keys[hash_secret("sk-gw-alice-batch-0001", HASH_KEY)]
@@ -703,6 +710,13 @@ def test_flow_control_fields_travel_from_the_file_to_the_data_plane(settings: Se
         ("keys", {"priority": 1}, "keys[0].priority: must be one of"),
         ("models", {"priority": "high"}, "models[0].priority: must be one of"),
         ("backends", {"kv_high_water": 1.5}, "backends[0].kv_high_water: must be a fraction"),
+        ("backends", {"reserved_places": -1}, "backends[0].reserved_places: must be a whole number"),
+        ("backends", {"reserved_places": 1}, "backends[0].reserved_places: must be fewer than the backend's"),
+        (
+            "backends",
+            {"max_concurrency": 2, "reserved_places": 2},
+            "backends[0].reserved_places: must be fewer than the backend's max_concurrency",
+        ),
     ],
 )
 def test_flow_control_fields_are_checked(section: str, fields: dict[str, object], expected: str) -> None:

@@ -110,6 +110,13 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
     ):
         p.add(f"{place}.kv_high_water", "must be a fraction of the KV cache above 0 and at most 1, e.g. 0.95")
         ok = False
+    reserved = item.get("reserved_places")
+    if reserved is not None and (isinstance(reserved, bool) or not isinstance(reserved, int) or reserved < 0):
+        p.add(f"{place}.reserved_places", "must be a whole number of places, 0 or more")
+        ok = False
+    elif reserved and (not isinstance(counts[0], int) or reserved >= counts[0]):
+        p.add(f"{place}.reserved_places", "must be fewer than the backend's max_concurrency (which it needs)")
+        ok = False
     health_path = item.get("health_path")
     if health_path is not None and (
         not isinstance(health_path, str) or (health_path and not health_path.startswith("/"))
@@ -140,6 +147,7 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
         queue_size=counts[2],
         queue_timeout=queue_timeout,
         kv_high_water=None if kv_high_water is None else float(kv_high_water),
+        reserved_places=reserved,
         health_path=health_path,
         api_key_file=api_key_file,
         responses_api=responses_api,

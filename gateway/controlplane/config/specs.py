@@ -50,6 +50,7 @@ BACKEND_FLOW_FIELDS = (
     "queue_size",
     "queue_timeout",
     "kv_high_water",
+    "reserved_places",
     "health_path",
     "responses_api",
 )
@@ -73,6 +74,7 @@ class BackendSpec:
     queue_size: int | None = None
     queue_timeout: float | None = None
     kv_high_water: float | None = None  # KV cache fraction (0..1] past which the backend counts as saturated
+    reserved_places: int | None = None  # of max_concurrency, the places sheddable requests may not take
     health_path: str | None = None  # "" turns the probe off; None: "/health" for openai backends
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
