@@ -1,7 +1,8 @@
 """Flow control at saturation through a running gateway (one proxy worker) in front of a slow mock engine
 whose backends let one request in at a time: a flooding tenant does not keep a quieter one from its fair
 share, sheddable requests are shed (429 with Retry-After) before any standard one is refused and never go
-ahead of a standard one, and /metrics counts it all per priority."""
+ahead of a standard one, a backend's reserved places are kept from sheddable requests, and /metrics counts
+it all per priority."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ HOLD = 12.0  # seconds the request holding the only place runs: the queue is set
 
 def config(url: str) -> str:
     backends = ""
-    for name, size in (("wide", 64), ("tight", 5)):
+    for name, size, gate in (("wide", 64, 1), ("tight", 5, 1), ("reserve", 8, 2)):
+        reserve = "reserved_places = 1\n" if name == "reserve" else ""
         backends += (
-            f'[[backends]]\nname = "{name}"\nurl = "{url}"\nfirst_byte_timeout = 30.0\n'
-            f"max_concurrency = 1\nqueue_size = {size}\nqueue_timeout = 60\n\n"
+            f'[[backends]]\nname = "{name}"\nurl = "{url}"\nfirst_byte_timeout = 30.0\n{reserve}'
+            f"max_concurrency = {gate}\nqueue_size = {size}\nqueue_timeout = 60\n\n"
             f'[[provider_models]]\nname = "pm-{name}"\nbackends = [{{ backend = "{name}", model = "m" }}]\n\n'
             f'[[models]]\nname = "{name}"\nchain = ["pm-{name}"]\n\n'
         )
@@ -167,6 +169,27 @@ def test_flow_control_fair_share_shedding_and_metrics(tmp_path: Path) -> None:
         assert m["gateway_flow_wait_seconds_bucket{le=+Inf,priority=standard}"] == 34
         assert m["gateway_flow_queue_depth{priority=standard}"] == 0
         assert "gateway_flow_queue_depth{priority=critical}" in m
+    finally:
+        env.gw.stop()
+        engine.stop()
+
+
+def test_reserved_places_are_kept_for_standard_requests(tmp_path: Path) -> None:
+    """Backend "reserve" lets two in, one of them kept from sheddable requests: with one sheddable request
+    in flight a second waits, and a standard request that comes after it is served at once, beside it."""
+    engine = MockEngine(tmp_path)
+    env = Env(tmp_path, engine)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            hold = pool.submit(env.post, "batch", "reserve", "hold", 6.0)
+            env.until(lambda: env.served() == ["hold"], "the hold request in")
+            waiting = pool.submit(env.post, "batch", "reserve", "s0")
+            env.until(lambda: env.metric("gateway_flow_queue_depth", priority="sheddable") == 1, "s0 waits")
+            quick = env.post("calm", "reserve", "c0")
+            assert quick.status_code == 200, quick.text
+            assert env.served() == ["hold", "c0"] and not waiting.done() and not hold.done()
+            assert hold.result().status_code == 200 and waiting.result().status_code == 200
+            assert env.served() == ["hold", "c0", "s0"]
     finally:
         env.gw.stop()
         engine.stop()
