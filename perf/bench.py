@@ -41,6 +41,7 @@ from perf.targets import (
     CLK_TCK,
     PEERS,
     ROOT,
+    STREAM_MODEL,
     FloorService,
     GatewayService,
     LiteLLMService,
@@ -50,6 +51,7 @@ from perf.targets import (
     PortkeyService,
     ProcessTree,
     Service,
+    SmgService,
     http_request,
     machine_cpu_ticks,
 )
@@ -274,7 +276,8 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
         fleet.upstreams["nginx"] = nginx_up
         engine_url = paced_url = None
         if "engine" in upstream_kinds:
-            engine = MockEngineService(workdir)
+            # stream-model first in its /v1/models: smg registers a worker under the first model it lists.
+            engine = MockEngineService(workdir, extra=["--model", STREAM_MODEL, "--model", "mock-model"])
             services.append(engine)
             engine.start()
             fleet.upstreams["engine"] = engine
@@ -288,7 +291,10 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
             paced_url = paced.url
         for name in (t for t in ALL_TARGETS if t in wanted and t != "direct"):
             try:
-                if name in ("nginx", "minimal-proxy", "null-app"):
+                if name in ("nginx", "minimal-proxy", "null-app", "smg"):
+                    if name == "smg" and not SmgService.available():
+                        run.unavailable[name] = "not installed (scripts/bench-peers.sh smg)"
+                        continue
                     for kind in kinds_of[name]:
                         up = fleet.upstreams[kind]
                         label = name if kind == "nginx" else f"{name}-{'sse' if kind == 'engine' else kind}"
@@ -297,6 +303,8 @@ def started_fleet(workdir: Path, run: Run) -> Iterator[Fleet]:
                             svc = NginxService.proxy(
                                 workdir, up.port, workers=args.workers, name=label, streaming=kind != "nginx"
                             )
+                        elif name == "smg":  # one router a kind: its workers serve one model each
+                            svc = SmgService(workdir, [up.url], policy="round_robin", name=label)
                         else:
                             svc = FloorService(workdir, name, up.url, args.workers, label=label)
                         services.append(svc)
@@ -574,6 +582,9 @@ def peer_versions() -> dict[str, str]:
     with contextlib.suppress(OSError, ValueError, KeyError):
         pkg = PEERS / "node" / "node_modules" / "@portkey-ai" / "gateway" / "package.json"
         out["portkey"] = str(json.loads(pkg.read_text())["version"])
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        dist = next((PEERS / "smg" / "lib").glob("python*/site-packages/smg-*.dist-info"))
+        out["smg"] = dist.name.removeprefix("smg-").removesuffix(".dist-info")
     return out
 
 

@@ -97,6 +97,16 @@ def _whole(tokens: int) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+# The names a request may carry: perf.bench's model first (smg registers a worker under the first) and
+# the upstream's own.
+_MODELS: Final = json.dumps(
+    {
+        "object": "list",
+        "data": [{"id": m, "object": "model", "owned_by": "perf"} for m in ("paced-model", "mock-model")],
+    }
+).encode()
+
+
 def _small(status: int, body: bytes) -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
     return b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
@@ -201,6 +211,9 @@ class Conn(asyncio.Protocol):
         assert self.transport is not None
         if method == "GET" and path == "/health":
             self.transport.write(_small(200, b'{"status":"ok"}'))
+            return
+        if method == "GET" and path == "/v1/models":  # what routers that register workers by model ask
+            self.transport.write(_small(200, _MODELS))
             return
         if method == "POST" and path == "/pace":
             try:

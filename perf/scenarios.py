@@ -28,8 +28,9 @@ __all__ = [
 ]
 
 # gateway: rate limits, a budget, prices and usage records on every request; gateway-bare: all of it off;
-# null-app and minimal-proxy: the floor of the gateway's shape (perf/floor.py under granian); litellm and
-# portkey: peer gateways, measured only when installed (scripts/bench-peers.sh).
+# null-app and minimal-proxy: the floor of the gateway's shape (perf/floor.py under granian); litellm,
+# portkey and smg (SGLang Model Gateway, a compiled router, round robin over the one upstream): peers,
+# measured only when installed (scripts/bench-peers.sh).
 ALL_TARGETS = (
     "direct",
     "nginx",
@@ -39,17 +40,21 @@ ALL_TARGETS = (
     "gateway-bare",
     "litellm",
     "portkey",
+    "smg",
 )
-OPTIONAL = ("litellm", "portkey")  # a missing one is a row saying so, never a failure
+OPTIONAL = ("litellm", "portkey", "smg")  # a missing one is a row saying so, never a failure
 REFERENCE = "nginx"  # ratios are to this target's figures in the same scenario
 FLOOR = "minimal-proxy"  # and to this one's: what the gateway's own work costs on top of its shape
-PROXIES = ("direct", "nginx", "null-app", "minimal-proxy", "gateway", "gateway-bare", "litellm", "portkey")
+PROXIES = (
+    "direct", "nginx", "null-app", "minimal-proxy", "gateway", "gateway-bare", "litellm", "portkey", "smg"
+)  # fmt: skip
 # null-app answers from memory: it cannot stream. Portkey's gateway 1.15.2 answers every stream with a 500
 # on Node 20 (its updateHeaders appends to the immutable headers of undici's fetch Response: "TypeError:
 # immutable" in its log, 2026-12-01), so it is measured on whole responses only.
 STREAMERS = tuple(t for t in PROXIES if t not in ("null-app", "portkey"))
-# The peers are left out of the paced bursts: at thousands of streams they would take the run's minutes.
-PACED_TARGETS = ("direct", "nginx", "minimal-proxy", "gateway", "gateway-bare")
+# The Python peers are left out of the paced bursts: at thousands of streams they would take the run's
+# minutes; smg, compiled, is not.
+PACED_TARGETS = ("direct", "nginx", "minimal-proxy", "gateway", "gateway-bare", "smg")
 GATEWAYS = ("gateway", "gateway-bare")
 
 CHAT = "/v1/chat/completions"

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.mockengine.responses import models_list
 from perf.nginx import MOCK_MESSAGE, nginx_binary, render_proxy, render_upstream
 
 __all__ = [
@@ -290,7 +291,8 @@ class NginxService(Service):
     @classmethod
     def upstream(cls, workdir: Path) -> NginxService:
         """The mock engine: a chat.completion everywhere, an Anthropic message on ``/v1/messages``."""
-        locations = {"/v1/messages": MOCK_MESSAGE}
+        # /v1/models names the model for routers that register a worker by what it serves (smg).
+        locations = {"/v1/messages": MOCK_MESSAGE, "/v1/models": models_list([BENCH_MODEL], 0)}
         return cls(workdir, "upstream", lambda port: render_upstream(port, workers=1, locations=locations))
 
     @classmethod
@@ -720,7 +722,10 @@ class SmgService(Service):
 
     name = "smg"
 
-    def __init__(self, workdir: Path, worker_urls: Sequence[str], policy: str = "cache_aware") -> None:
+    def __init__(
+        self, workdir: Path, worker_urls: Sequence[str], policy: str = "cache_aware", name: str = "smg"
+    ) -> None:
+        self.name = name
         super().__init__(workdir)
         self.worker_urls = list(worker_urls)
         self.policy = policy
