@@ -3,9 +3,12 @@
 vLLM publishes ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``
 (older releases ``vllm:gpu_cache_usage_perc``); SGLang ``sglang:num_running_reqs``,
 ``sglang:num_queue_reqs`` and ``sglang:token_usage``. Each may come as one series per served model (label
-``model_name``): requests are summed across series, cache use is the highest. A text with none of them is
-not an engine's (``engine_load`` returns None). Sans-I/O: text in, numbers out; comments, other metrics,
-labels and timestamps are skipped, and a malformed line is ignored rather than failing the whole read.
+``model_name``): requests are summed across series, cache use is the highest. The prompt tokens the engine
+processed since it started (``vllm:prompt_tokens_total``, ``sglang:prompt_tokens_total``, summed) tell a
+restarted engine: a counter that goes down belongs to a new process, whose cache starts empty. A text
+with none of them is not an engine's (``engine_load`` returns None). Sans-I/O: text in, numbers out;
+comments, other metrics, labels and timestamps are skipped, and a malformed line is ignored rather than
+failing the whole read.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ _METRICS = {
     "sglang:num_running_reqs": ("sglang", "running"),
     "sglang:num_queue_reqs": ("sglang", "waiting"),
     "sglang:token_usage": ("sglang", "kv_cache"),
+    "vllm:prompt_tokens_total": ("vllm", "prompt_tokens"),
+    "sglang:prompt_tokens_total": ("sglang", "prompt_tokens"),
 }
 
 
@@ -33,6 +38,7 @@ class EngineMetrics:
     running: int
     waiting: int
     kv_cache: float | None  # fraction 0..1; None when the engine does not publish it
+    prompt_tokens: float | None = None  # a counter since the engine started; None when not published
 
 
 def _sample(line: str) -> tuple[str, float] | None:
@@ -74,11 +80,14 @@ def engine_load(text: str) -> EngineMetrics | None:
         if known is None:
             continue
         engine, field = known
-        kind = kind or engine
+        if field != "prompt_tokens":  # a counter alone does not make a text an engine's
+            kind = kind or engine
         if field == "kv_cache":
             kv = sample[1] if kv is None else max(kv, sample[1])
         else:
             sums[field] = sums.get(field, 0.0) + sample[1]
     if kind is None:
         return None
-    return EngineMetrics(kind, int(sums.get("running", 0)), int(sums.get("waiting", 0)), kv)
+    return EngineMetrics(
+        kind, int(sums.get("running", 0)), int(sums.get("waiting", 0)), kv, sums.get("prompt_tokens")
+    )

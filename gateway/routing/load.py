@@ -31,6 +31,7 @@ class EngineState:
     kv_cache: float | None = None
     ceiling: int | None = None  # the gate's current ceiling; None when the backend has no gate
     healthy: bool = True  # False once active probes failed; passive health is the worker's own
+    epoch: int = 0  # changes when the scraper sees the engine restart (its prefix cache is then empty)
 
 
 def _int(value: Any) -> int | None:
@@ -52,6 +53,7 @@ def engine_states(doc: dict[str, Any] | None) -> dict[str, EngineState]:
             kv_cache=float(kv) if isinstance(kv, (int, float)) and not isinstance(kv, bool) else None,
             ceiling=_int(line.get("ceiling")),
             healthy=line.get("healthy") is not False,
+            epoch=_int(line.get("epoch")) or 0,
         )
     return out
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
-from gateway.routing.load import Load
+from gateway.routing.load import EngineState, Load
 from gateway.routing.prompt_prefix import rendered_prompt
 
 if TYPE_CHECKING:
@@ -202,6 +202,16 @@ def engine_load(target: Target, load: Load) -> int:
     return (running if running > flying else flying) + state.waiting
 
 
+def _epoch_key(key: int, state: EngineState | None) -> int:
+    """A target's name in the prefix index for its engine's current process: after a restart the scraper
+    gives the engine a new epoch, and what the index holds under the old name no longer matches."""
+    if state is None or not state.epoch:
+        return key
+    return int.from_bytes(
+        blake3(key.to_bytes(8, "little") + state.epoch.to_bytes(8, "little")).digest(8), "little"
+    )
+
+
 class CacheAware(Policy):
     __slots__ = ("keys", "tuning")
 
@@ -211,7 +221,8 @@ class CacheAware(Policy):
         self.keys = tuple(target_hash(t) for t in targets)
 
     def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
-        targets, keys, tuning = self.targets, self.keys, self.tuning
+        targets, tuning = self.targets, self.tuning
+        keys = [_epoch_key(k, load.engine(t.backend.name)) for k, t in zip(self.keys, targets, strict=True)]
         n = len(targets)
         start = self.cursor % n
         self.cursor = start + 1

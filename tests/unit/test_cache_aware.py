@@ -132,6 +132,23 @@ def test_a_target_that_is_down_goes_last_and_is_not_noted() -> None:
     assert index.match(prompt, keys[0]) == 0 and index.match(prompt, keys[1]) == prompt.count
 
 
+def test_an_engine_seen_restarted_holds_nothing_it_held_before() -> None:
+    p, index = policy(), PrefixIndex.private()
+    load = StaticLoad(index=index, prefixes={})
+    assert first(p.order(chat("q"), load)) == "a"
+    assert first(p.order(chat("q", "x", "y"), load)) == "a"  # it holds the conversation
+    load.prefixes.clear()
+    # The scraper saw a's prompt-token counter go down: a new epoch; the index's old pairs no longer count.
+    load.engines["a"] = EngineState(kind="vllm", waiting=0, running=0, epoch=1_765_000_000)
+    p.order(chat("q", "x", "y", "z", "w"), load)
+    assert load.prefixes and all(matched == 0 for _, matched in load.prefixes.values())
+    # What the new process is sent from now on is held under its new name.
+    chosen = first(p.order(chat("q2"), load))
+    load.prefixes.clear()
+    assert first(p.order(chat("q2", "x", "y"), load)) == chosen
+    assert load.prefixes[chosen][1] > 0
+
+
 def test_without_an_index_the_least_loaded_goes_first() -> None:
     p = policy()
     assert first(p.order(chat("q"), StaticLoad(flights={"a": 3, "b": 1, "c": 2}))) == "b"

@@ -48,6 +48,24 @@ def test_engine_metrics(text: str, expected: tuple[str, int, int, float | None])
     assert (load.kind, load.running, load.waiting, load.kv_cache) == expected
 
 
+def test_a_prompt_token_counter_that_goes_down_is_a_restarted_engine() -> None:
+    load = engine_load(VLLM)
+    assert load is not None and load.prompt_tokens == 123456.0
+    w = BackendWatch()
+    for total in (100.0, 150.0, None, 150.0):  # rising, then a scrape without the counter: nothing
+        w.count_prompts(total, "b")
+    assert w.epoch == 0 and w.as_doc()["epoch"] == 0
+    w.count_prompts(20.0, "b")  # a new process
+    first = w.epoch
+    assert first >= int(time.time()) - 5
+    w.count_prompts(30.0, "b")
+    assert w.epoch == first
+    w.count_prompts(10.0, "b")  # restarted again within the same second: still a new epoch
+    assert w.epoch > first
+    assert engine_states({"backends": {"b": w.as_doc()}})["b"].epoch == w.epoch
+    assert engine_load("vllm:prompt_tokens_total 5\n") is None  # a counter alone is not an engine's
+
+
 @pytest.mark.parametrize(
     "text",
     [

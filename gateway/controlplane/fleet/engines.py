@@ -11,6 +11,11 @@ a failure, ``FAILURES_TO_MARK_DOWN`` in a row mark it unhealthy, one success mar
 Hosted providers (Anthropic, Gemini protocols) are not scraped and are probed only if given a
 ``health_path``.
 
+Restarts: an engine whose prompt-token counter went down since the last scrape is a new process with an
+empty prefix cache. Its line in the document then carries a new ``epoch`` (the time it was seen), which
+``cache_aware`` folds into the engine's name in the prefix index, so that what the index remembers of the
+old process no longer counts as held (it ages out of the index).
+
 Gate ceilings (backends with ``max_concurrency``): the ceiling halves each round the engine's waiting queue
 sits at or above ``waiting_high_water``, and grows by one each round it is below, up to
 ``max_concurrency`` — additive increase, multiplicative decrease, so the engine's own queue stays short
@@ -67,6 +72,8 @@ class BackendWatch:
     failures: int = 0
     healthy: bool = True
     error: str | None = None
+    prompt_tokens: float | None = None  # the engine's counter at the last scrape
+    epoch: int = 0  # 0, or the unix second this scraper last saw the engine restart
 
     def step_ceiling(self, backend: Backend) -> None:
         top = backend.max_concurrency
@@ -105,7 +112,23 @@ class BackendWatch:
             "ceiling": self.ceiling,
             "healthy": self.healthy,
             "error": self.error,
+            "epoch": self.epoch,
         }
+
+    def count_prompts(self, total: float | None, name: str) -> None:
+        """Note the engine's prompt-token counter; one that went down means the engine restarted."""
+        if total is None:
+            return
+        if self.prompt_tokens is not None and total < self.prompt_tokens:
+            self.epoch = max(self.epoch + 1, int(time.time()))
+            log.warning(
+                "backend %s restarted (its prompt-token counter went from %d to %d): what the prefix index "
+                "knew of its cache no longer counts",
+                name,
+                self.prompt_tokens,
+                total,
+            )
+        self.prompt_tokens = total
 
 
 class EngineScraper:
@@ -227,6 +250,7 @@ class EngineScraper:
             w.detect_at = now + REDETECT
             return False
         w.kind, w.waiting, w.running, w.kv_cache = load.kind, load.waiting, load.running, load.kv_cache
+        w.count_prompts(load.prompt_tokens, backend.name)
         w.record(True, name=backend.name)
         return True
 
