@@ -307,6 +307,24 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
     assert 0.5 < matched / sent < 1
     assert "gateway_prefix_index_pairs_total" in rules_env.admin("GET", "/metrics").text
 
+    # The dry run reads the host's index: conversation 0's next turn is expected on its engine, most of
+    # it held; and it notes nothing: a prompt nobody sent matches nothing, however often it is tried.
+    def dry(messages: list[dict[str, str]]) -> dict[str, Any]:
+        resp = rules_env.admin(
+            "POST", "/admin/routing/dry-run", json={"model": "cached", "body": {"messages": messages}}
+        )
+        assert resp.status_code == 200, resp.text
+        answer: dict[str, Any] = resp.json()
+        return answer
+
+    follow_up = [*histories[0], {"role": "user", "content": "one more question"}]
+    answer = dry(follow_up)
+    assert answer["targets"][0]["backend"] == "abc"[where[0][0]]
+    assert answer["prefix"]["backend"] == "abc"[where[0][0]]
+    assert answer["prefix"]["matched_bytes"] > answer["prefix"]["prompt_bytes"] // 2
+    novel = [{"role": "system", "content": "A prompt no engine was sent. " * 20}]
+    assert [dry(novel)["prefix"]["matched_bytes"] for _ in range(2)] == [0, 0]
+
 
 def test_dry_run_shares_the_request_paths_decision(rules_env: Env, fresh: list[MockEngine]) -> None:
     def dry(**request: Any) -> dict[str, Any]:

@@ -11,7 +11,9 @@ answer to (the principal's, and the key's own when a key is named) with its wind
 would refuse (``"budgets"``, ``"budget_refusal"``: the 402 message the first exhausted one gives). Load and
 spend come from this host's shared segments (in-flight gauges, the engine scraper's document, the budget
 windows the control worker keeps): a dry run on a control-only host sees no load, and the spend the store
-holds. No I/O beyond what the caller hands in.
+holds. A ``cache_aware`` pool reads the host's prefix index (never writing it), and the answer's
+``prefix`` says how many bytes of the rendered prompt the chosen target is expected to hold. No I/O beyond
+what the caller hands in.
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ def dry_run(snapshot: Snapshot, request: Any, load: Load, spend: Spend | None = 
         "prompt_tokens_estimate": facts.prompt_tokens,
         **decision.describe(),
     }
+    noted = getattr(load, "prefixes", None)  # a cache_aware pool's expectation for the target it chose
+    if noted:
+        backend, (prompt, matched) = next(iter(noted.items()))
+        answer["prefix"] = {"backend": backend, "prompt_bytes": prompt, "matched_bytes": matched}
     if snapshot.classifier is not None:
         # Every class's score, as the rules would see them (the dry run always classifies; the request
         # path only when a rule asks).

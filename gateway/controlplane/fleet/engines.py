@@ -40,7 +40,7 @@ import httpx
 import orjson
 
 from gateway.controlplane import outbound
-from gateway.native import BucketTable
+from gateway.native import Blocks, BucketTable, PrefixIndex
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import StaticLoad, engine_states
 from gateway.shm.bucket_keys import backend_keys
@@ -49,7 +49,7 @@ from gateway.shm.snapshot_slot import SnapshotReader
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Backend, decode_backends
 
-__all__ = ["FAILURES_TO_MARK_DOWN", "REDETECT", "BackendWatch", "EngineScraper", "host_load"]
+__all__ = ["FAILURES_TO_MARK_DOWN", "REDETECT", "BackendWatch", "EngineScraper", "PeekedIndex", "host_load"]
 
 log = logging.getLogger("gateway.engines")
 
@@ -260,11 +260,22 @@ class EngineScraper:
         w.record(not isinstance(resp, str), resp if isinstance(resp, str) else None, backend.name)
 
 
+class PeekedIndex(PrefixIndex):
+    """The host's prefix index as the dry run reads it: what each target would match, nothing noted."""
+
+    __slots__ = ()
+
+    def insert(self, blocks: Blocks, target: int) -> int:
+        return 0
+
+
 def host_load(shared: SharedRegions, backends: list[str]) -> StaticLoad:
-    """This host's load as the proxy workers see it now, frozen: for the routing dry run."""
+    """This host's load as the proxy workers see it now, frozen, and its prefix index read-only: for the
+    routing dry run."""
     stats = WorkerStats(shared.stats)
     raw = stats.read(stats.engine_slot)
     engines = engine_states(orjson.loads(raw)) if raw else {}
     with BucketTable(shared.buckets) as table:
         flights = {name: table.gauge(backend_keys(name)[0]) for name in backends}
-    return StaticLoad(flights, engines)
+    region = shared.prefix
+    return StaticLoad(flights, engines, index=PeekedIndex(region) if region is not None else None)
