@@ -175,22 +175,19 @@ class Forwarder:
         load = self.load
         attempt = _Attempt(self, proto, out, _planned(targets, self.max_attempts), peer, trace, span)
         full: list[Target] = []
-        rank: int | None = None  # the request's class: read for a gated backend only
+        rank: int | None = None  # the request's class: read for a gated backend, or while requests wait
         for target in targets:
             if attempt.tries >= self.max_attempts:
                 break
             if attempt.floor is not None and (target.context_window or 0) <= attempt.floor:
                 continue  # a context-length refusal: only a larger declared window may take it
+            if rank is None and (target.backend.max_concurrency is not None or len(load.flow)):
+                rank = _flow_class(key, route)
             if target.backend.credentials:
-                if await self._pooled(attempt, target):
+                if await self._pooled(attempt, target, STANDARD if rank is None else rank):
                     return attempt.result()
                 continue
-            if target.backend.max_concurrency is None:
-                place = load.enter(target.backend)
-            else:
-                if rank is None:
-                    rank = _flow_class(key, route)
-                place = load.enter(target.backend, rank)
+            place = load.enter(target.backend, STANDARD if rank is None else rank)
             if place is None:
                 full.append(target)
                 if trace is not None:
@@ -211,7 +208,7 @@ class Forwarder:
                 return attempt.result()
         return attempt.give_up(proto)
 
-    async def _pooled(self, attempt: _Attempt, target: Target) -> bool:
+    async def _pooled(self, attempt: _Attempt, target: Target, rank: int) -> bool:
         """``target`` with each usable credential of its backend's pool until one answers, the backend
         itself fails (the next target's turn), or the attempt budget is spent."""
         out = self.out_tokens(attempt.out)
@@ -219,7 +216,7 @@ class Forwarder:
         for cred in self.credentials.usable(target.backend, out):
             if attempt.tries >= self.max_attempts:
                 return False
-            place = self.load.enter(target.backend)
+            place = self.load.enter(target.backend, rank)
             if place is None:
                 return False  # its gate is full: the next target rather than a wait for this one
             tried = True
