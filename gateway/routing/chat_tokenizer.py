@@ -1,0 +1,128 @@
+"""A model's prompt as its engine tokenizes it: the chat template of a Hugging Face model directory rendered
+over a request's messages, then encoded by the model's ``tokenizer.json``.
+
+vLLM renders a chat request through transformers' ``apply_chat_template`` (a sandboxed Jinja2 template from
+``tokenizer_config.json``'s ``chat_template``, with ``add_generation_prompt=True`` and the special tokens as
+variables) and encodes the text without adding special tokens (the template writes them). This does the
+same with ``jinja2`` and ``tokenizers``, without transformers. Text content parts are joined with a newline,
+as vLLM's "string" content format does; a message with content that is not text (an image, audio) cannot
+be tokenized as the engine does, so ``chat_ids`` returns None for it and routing falls back to the
+approximate index.
+
+I/O: ``ChatTokenizer.load`` reads the two files (once per snapshot, off the request path); nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+__all__ = ["ChatTokenizer", "TemplateError", "TokenizerError"]
+
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+class TokenizerError(ValueError):
+    """A model directory without a usable tokenizer.json or chat template."""
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _special(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+class ChatTokenizer:
+    """One model's tokenizer and chat template. Immutable once loaded; shared by a worker's pools."""
+
+    __slots__ = ("_template", "_tokenizer", "_variables", "path")
+
+    def __init__(self, tokenizer: Tokenizer, template: str, variables: Mapping[str, str], path: str) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(template)
+        except TemplateError as exc:
+            raise TokenizerError(f"{path}: the chat template does not compile: {exc}") from None
+        self._tokenizer = tokenizer
+        self._variables = dict(variables)
+        self.path = path
+
+    @classmethod
+    def load(cls, directory: str) -> ChatTokenizer:
+        """The tokenizer of a model directory (``tokenizer.json`` and ``tokenizer_config.json``)."""
+        root = Path(directory)
+        try:
+            tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+            config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, Exception) as exc:  # tokenizers raises a bare Exception on bad JSON
+            raise TokenizerError(f"{directory}: {exc}") from None
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if not isinstance(template, str):
+            raise TokenizerError(f"{directory}: tokenizer_config.json has no chat_template")
+        variables = {k: v for k in _SPECIAL if (v := _special(config.get(k))) is not None}
+        return cls(tokenizer, template, variables, directory)
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str:
+        """The chat template over ``messages``, with the generation prompt. Raises ``TemplateError``."""
+        return self._template.render(
+            messages=messages, tools=tools, add_generation_prompt=True, **self._variables
+        )
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return text
+
+    def chat_ids(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> list[int]:
+        """The token ids of a chat request's prompt. Raises ``TemplateError`` when the template refuses
+        the messages, ``ValueError`` when a message holds content that is not text."""
+        return self.encode(self.render([_plain(m) for m in messages], tools))
+
+
+def _plain(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for part in content:
+        if (
+            isinstance(part, dict)
+            and part.get("type") in ("text", None)
+            and isinstance(part.get("text"), str)
+        ):
+            texts.append(part["text"])
+        elif isinstance(part, str):
+            texts.append(part)
+        else:
+            raise ValueError("content that is not text")
+    return {**message, "content": "\n".join(texts)}
