@@ -9,12 +9,18 @@ as vLLM's "string" content format does; a message with content that is not text 
 be tokenized as the engine does, so ``chat_ids`` returns None for it and routing falls back to the
 approximate index.
 
-I/O: ``ChatTokenizer.load`` reads the two files (once per snapshot, off the request path); nothing else.
+``request_ids`` is what routing calls on the request path: a chat completion's ``messages`` (with an
+Anthropic ``system`` put first) or a text completion's ``prompt``, else None.
+
+I/O: ``ChatTokenizer.load`` reads the two files; ``loaded`` does so once per model directory and version of
+its files (when a worker compiles a snapshot, off the request path), logging a directory it cannot use.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -22,11 +28,14 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import orjson
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-__all__ = ["ChatTokenizer", "TemplateError", "TokenizerError"]
+__all__ = ["ChatTokenizer", "TemplateError", "TokenizerError", "loaded"]
+
+log = logging.getLogger("gateway.routing")
 
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
 
@@ -107,6 +116,58 @@ class ChatTokenizer:
         """The token ids of a chat request's prompt. Raises ``TemplateError`` when the template refuses
         the messages, ``ValueError`` when a message holds content that is not text."""
         return self.encode(self.render([_plain(m) for m in messages], tools))
+
+    def request_ids(self, body: bytes) -> list[int] | None:
+        """The prompt's token ids of a request body as the engine would see them; None when this cannot
+        say (not JSON, no messages or prompt, content that is not text, a template that refuses)."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        messages = doc.get("messages")
+        try:
+            if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+                system = doc.get("system")  # Anthropic's, translated to a first system message
+                if isinstance(system, (str, list)):
+                    messages = [{"role": "system", "content": system}, *messages]
+                return self.chat_ids(messages, doc.get("tools"))
+            prompt = doc.get("prompt")
+            if isinstance(prompt, str):
+                return self.encode(prompt)
+        except (TemplateError, ValueError, TypeError):
+            return None
+        return None
+
+
+_LOADED: dict[tuple[str, int, int], ChatTokenizer | None] = {}
+
+
+def loaded(directory: str) -> ChatTokenizer | None:
+    """The tokenizer of ``directory``, loaded once per version of its files; None (logged once) when it
+    cannot be used, and the pool then routes by the approximate index alone."""
+    try:
+        stamp = tuple(os.stat(os.path.join(directory, f)).st_mtime_ns for f in _FILES)
+    except OSError as exc:
+        key = (directory, -1, -1)
+        if key not in _LOADED:
+            _LOADED[key] = None
+            log.error(
+                "tokenizer %s cannot be read (%s): routing uses the approximate prefix index", directory, exc
+            )
+        return None
+    key = (directory, stamp[0], stamp[1])
+    if key not in _LOADED:
+        try:
+            _LOADED[key] = ChatTokenizer.load(directory)
+        except TokenizerError as exc:
+            _LOADED[key] = None
+            log.error("%s: routing uses the approximate prefix index", exc)
+    return _LOADED[key]
+
+
+_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def _plain(message: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -1,0 +1,57 @@
+"""A pool's tokenizer (``gateway.routing.chat_tokenizer``): a model directory's chat template rendered over
+a request's messages and encoded without added special tokens, as vLLM does, over a tiny tokenizer
+trained in the test (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from tokenizers import Tokenizer
+
+from gateway.routing.chat_tokenizer import ChatTokenizer, TokenizerError, loaded
+from tests.fixtures.tiny_tokenizer import write_tiny_model
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_tiny_model(tmp_path / "tiny")
+
+
+def test_the_template_renders_as_transformers_would_and_encodes_without_added_tokens(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who built Harlech?"}]
+    text = tok.render(messages)
+    assert text == (
+        "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho built Harlech?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    raw = Tokenizer.from_file(str(model / "tokenizer.json"))
+    assert tok.chat_ids(messages) == raw.encode(text, add_special_tokens=False).ids
+    assert tok.chat_ids(messages)[0] == raw.token_to_id("<s>")  # the template's, written once
+
+
+def test_request_bodies_give_the_engines_prompt_ids(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": parts}], "stream": True})
+    assert tok.request_ids(chat) == tok.chat_ids([{"role": "user", "content": "a\nb"}])
+    anthropic = orjson.dumps({"system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]})
+    assert tok.request_ids(anthropic) == tok.chat_ids(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    )
+    assert tok.request_ids(orjson.dumps({"prompt": "Harlech"})) == tok.encode("Harlech")
+    image = [{"type": "image_url", "image_url": {"url": "data:"}}]
+    assert tok.request_ids(orjson.dumps({"messages": [{"role": "user", "content": image}]})) is None
+    assert tok.request_ids(b"not json") is None and tok.request_ids(b"[1]") is None
+
+
+def test_a_directory_without_a_template_is_refused_and_loading_is_cached(model: Path, tmp_path: Path) -> None:
+    assert loaded(str(model)) is loaded(str(model))
+    bare = tmp_path / "bare"
+    write_tiny_model(bare)
+    (bare / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(TokenizerError, match="no chat_template"):
+        ChatTokenizer.load(str(bare))
+    assert loaded(str(bare)) is None and loaded(str(tmp_path / "missing")) is None
