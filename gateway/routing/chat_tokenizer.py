@@ -9,6 +9,15 @@ as vLLM's "string" content format does; a message with content that is not text 
 be tokenized as the engine does, so ``chat_ids`` returns None for it and routing falls back to the
 approximate index.
 
+Encoding costs about a microsecond a token (``perf/micro_tokenize.py``), too much to pay for a whole
+conversation at every turn. But the tokenizer cuts its input at its added tokens (a chat template's
+``<|im_start|>``...) before anything else and encodes each piece between them on its own; so do we, keeping
+the ids of recent pieces (``SEGMENT_CACHE_CHARS`` of text), and a conversation's next turn encodes only its
+new messages. It is exact: a model whose added tokens strip whitespace, take part in normalisation or
+match single words only, or whose pre-tokenizer treats the first piece of an input apart
+(``Metaspace`` with ``prepend_scheme = "first"``), or for which a probe at load encodes differently, is
+encoded whole every time.
+
 ``request_ids`` is what routing calls on the request path: a chat completion's ``messages`` (with an
 Anthropic ``system`` put first) or a text completion's ``prompt``, else None.
 
@@ -21,6 +30,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -33,7 +44,9 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-__all__ = ["ChatTokenizer", "TemplateError", "TokenizerError", "loaded"]
+__all__ = ["SEGMENT_CACHE_CHARS", "ChatTokenizer", "TemplateError", "TokenizerError", "loaded"]
+
+SEGMENT_CACHE_CHARS = 4 << 20  # text of the pieces whose ids are kept, per tokenizer and worker
 
 log = logging.getLogger("gateway.routing")
 
@@ -61,9 +74,10 @@ def _special(value: Any) -> str | None:
 
 
 class ChatTokenizer:
-    """One model's tokenizer and chat template. Immutable once loaded; shared by a worker's pools."""
+    """One model's tokenizer and chat template, and the ids of recently encoded pieces; shared by a worker's
+    pools (one thread: not thread-safe)."""
 
-    __slots__ = ("_template", "_tokenizer", "_variables", "path")
+    __slots__ = ("_added", "_cached", "_segments", "_split", "_template", "_tokenizer", "_variables", "path")
 
     def __init__(self, tokenizer: Tokenizer, template: str, variables: Mapping[str, str], path: str) -> None:
         env = ImmutableSandboxedEnvironment(
@@ -79,6 +93,13 @@ class ChatTokenizer:
         self._tokenizer = tokenizer
         self._variables = dict(variables)
         self.path = path
+        self._segments: OrderedDict[str, list[int]] = OrderedDict()
+        self._cached = 0
+        self._added, self._split = _added_tokens(tokenizer)
+        if self._split is not None:
+            probe = "".join(f"{t} probe text {i}\n  spaced\t" for i, t in enumerate(self._added)) + " end"
+            if self.encode(probe) != self._encode_whole(probe):
+                self._split = None
 
     @classmethod
     def load(cls, directory: str) -> ChatTokenizer:
@@ -105,6 +126,35 @@ class ChatTokenizer:
         )
 
     def encode(self, text: str) -> list[int]:
+        """``text``'s ids, as the whole would encode (no special tokens added)."""
+        split = self._split
+        if split is None:
+            return self._encode_whole(text)
+        out: list[int] = []
+        segments, added = self._segments, self._added
+        for i, piece in enumerate(split.split(text)):
+            if i % 2:
+                out.append(added[piece])
+            elif piece:
+                ids = segments.get(piece)
+                if ids is None:
+                    ids = self._encode_whole(piece)
+                    segments[piece] = ids
+                    self._cached += len(piece)
+                    while self._cached > SEGMENT_CACHE_CHARS:
+                        old, _ = segments.popitem(last=False)
+                        self._cached -= len(old)
+                else:
+                    segments.move_to_end(piece)
+                out += ids
+        return out
+
+    def forget(self) -> None:
+        """Drop the kept pieces (a benchmark's cold start)."""
+        self._segments.clear()
+        self._cached = 0
+
+    def _encode_whole(self, text: str) -> list[int]:
         ids: list[int] = self._tokenizer.encode(text, add_special_tokens=False).ids
         return ids
 
@@ -139,6 +189,20 @@ class ChatTokenizer:
         except (TemplateError, ValueError, TypeError):
             return None
         return None
+
+
+def _added_tokens(tokenizer: Tokenizer) -> tuple[dict[str, int], re.Pattern[str] | None]:
+    """The added tokens by text, and a pattern that splits at them (capturing them) where encoding the
+    pieces apart is encoding the whole; None where it may not be."""
+    added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
+    tokens = tokenizer.get_added_tokens_decoder().values()
+    if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens):
+        return added, None
+    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer")
+    if '"first"' in json.dumps(pre):  # Metaspace(prepend_scheme="first"): the first piece is special
+        return added, None
+    longest_first = sorted(added, key=len, reverse=True)
+    return added, re.compile("(" + "|".join(re.escape(t) for t in longest_first) + ")")
 
 
 _LOADED: dict[tuple[str, int, int], ChatTokenizer | None] = {}

@@ -21,7 +21,8 @@ left out: the request path cannot tell which adapter a prompt meets. No I/O here
 
 from __future__ import annotations
 
-import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -45,7 +46,11 @@ def exact_key(backend: str) -> int:
 
 
 def _packed(ids: Sequence[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}I", *(i & 0xFFFFFFFF for i in ids))
+    """Token ids as 4 little-endian bytes each. Raises ``OverflowError`` for an id outside uint32."""
+    packed = array("I", ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 def prompt_blocks(index: PrefixIndex, ids: Sequence[int]) -> Blocks:
@@ -120,7 +125,11 @@ class BackendMirror:
         ):
             self.counts.skipped += n
             return
-        data = _packed(event.token_ids)
+        try:
+            data = _packed(event.token_ids)
+        except OverflowError:  # not a token id of any vocabulary
+            self.counts.skipped += n
+            return
         if event.parent_block_hash is None:
             hashes = self.index.blocks(data, _BLOCK_BYTES)
         else:

@@ -55,3 +55,33 @@ def test_a_directory_without_a_template_is_refused_and_loading_is_cached(model: 
     with pytest.raises(TokenizerError, match="no chat_template"):
         ChatTokenizer.load(str(bare))
     assert loaded(str(bare)) is None and loaded(str(tmp_path / "missing")) is None
+
+
+def test_pieces_between_added_tokens_are_encoded_once_and_as_the_whole_would_be(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    raw = Tokenizer.from_file(str(model / "tokenizer.json"))
+    history = [{"role": "system", "content": "You answer questions about castles. " * 20}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"Question {turn}: who built the walls of tower {turn}?"})
+        text = tok.render(history)
+        assert tok.chat_ids(history) == raw.encode(text, add_special_tokens=False).ids
+        history.append({"role": "assistant", "content": f"  Edward, in {1280 + turn}.\n\n"})
+    # Each message is one piece between added tokens: the system prompt was encoded once.
+    assert sum(1 for piece in tok._segments if piece.startswith("system")) == 1
+
+
+def test_added_tokens_that_strip_whitespace_turn_piecewise_encoding_off(model: Path, tmp_path: Path) -> None:
+    doc = orjson.loads((model / "tokenizer.json").read_bytes())
+    for token in doc["added_tokens"]:
+        token["lstrip"] = True
+    other = tmp_path / "strip"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
+    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    tok = ChatTokenizer.load(str(other))
+    text = tok.render([{"role": "user", "content": "hi  "}])
+    assert tok._split is None
+    assert (
+        tok.encode(text)
+        == Tokenizer.from_file(str(other / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    )
