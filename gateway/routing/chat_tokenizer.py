@@ -18,8 +18,11 @@ match single words only, or whose pre-tokenizer treats the first piece of an inp
 (``Metaspace`` with ``prepend_scheme = "first"``), or for which a probe at load encodes differently, is
 encoded whole every time.
 
-``request_ids`` is what routing calls on the request path: a chat completion's ``messages`` (with an
-Anthropic ``system`` put first) or a text completion's ``prompt``, else None.
+``request_prompt`` is what routing calls on the request path: a chat completion's ``messages`` (with an
+Anthropic ``system`` put first) or a text completion's ``prompt``, else None. A prompt whose rendering is
+longer than ``MAX_PROMPT_CHARS`` is encoded up to there only (a prefix is all that routing matches), less
+its last ``CUT_MARGIN`` tokens, which may merge differently with what was cut: a client cannot make a
+decision cost more than that much encoding.
 
 I/O: ``ChatTokenizer.load`` reads the two files; ``loaded`` does so once per model directory and version of
 its files (when a worker compiles a snapshot, off the request path), logging a directory it cannot use.
@@ -35,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jinja2
 import jinja2.ext
@@ -44,9 +47,25 @@ from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-__all__ = ["SEGMENT_CACHE_CHARS", "ChatTokenizer", "TemplateError", "TokenizerError", "loaded"]
+__all__ = [
+    "MAX_PROMPT_CHARS",
+    "SEGMENT_CACHE_CHARS",
+    "ChatTokenizer",
+    "PromptIds",
+    "TemplateError",
+    "TokenizerError",
+    "loaded",
+]
 
 SEGMENT_CACHE_CHARS = 4 << 20  # text of the pieces whose ids are kept, per tokenizer and worker
+MAX_PROMPT_CHARS = 64 << 10  # of a rendered prompt, encoded at most (about 16k tokens, 16 ms cold)
+CUT_MARGIN = 16  # tokens dropped before a cut
+
+
+class PromptIds(NamedTuple):
+    ids: list[int]
+    share: float  # of the rendered prompt's characters that ``ids`` cover: 1.0 unless it was cut
+
 
 log = logging.getLogger("gateway.routing")
 
@@ -167,9 +186,15 @@ class ChatTokenizer:
         the messages, ``ValueError`` when a message holds content that is not text."""
         return self.encode(self.render([_plain(m) for m in messages], tools))
 
-    def request_ids(self, body: bytes) -> list[int] | None:
-        """The prompt's token ids of a request body as the engine would see them; None when this cannot
-        say (not JSON, no messages or prompt, content that is not text, a template that refuses)."""
+    def request_ids(self, body: bytes, limit: int = MAX_PROMPT_CHARS) -> list[int] | None:
+        """``request_prompt``'s ids alone."""
+        prompt = self.request_prompt(body, limit)
+        return None if prompt is None else prompt.ids
+
+    def request_prompt(self, body: bytes, limit: int = MAX_PROMPT_CHARS) -> PromptIds | None:
+        """The token ids of a request body's prompt as the engine would see them, its first ``limit``
+        characters at most; None when this cannot say (not JSON, no messages or prompt, content that is
+        not text, a template that refuses)."""
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -182,13 +207,17 @@ class ChatTokenizer:
                 system = doc.get("system")  # Anthropic's, translated to a first system message
                 if isinstance(system, (str, list)):
                     messages = [{"role": "system", "content": system}, *messages]
-                return self.chat_ids(messages, doc.get("tools"))
-            prompt = doc.get("prompt")
-            if isinstance(prompt, str):
-                return self.encode(prompt)
+                text = self.render([_plain(m) for m in messages], doc.get("tools"))
+            elif isinstance(doc.get("prompt"), str):
+                text = doc["prompt"]
+            else:
+                return None
         except (TemplateError, ValueError, TypeError):
             return None
-        return None
+        if len(text) <= limit:
+            return PromptIds(self.encode(text), 1.0)
+        ids = self.encode(text[:limit])
+        return PromptIds(ids[: max(0, len(ids) - CUT_MARGIN)], limit / len(text))
 
 
 def _added_tokens(tokenizer: Tokenizer) -> tuple[dict[str, int], re.Pattern[str] | None]:

@@ -27,7 +27,7 @@ the fallback the forwarder walks if the first fails.
   is matched against the exact pairs instead: what its engine said it caches, mirrored by the host's
   control slot (``gateway.routing.kv_mirror``), looked up with the prompt's token ids as the engine
   tokenizes them (``gateway.routing.chat_tokenizer``). Its matched tokens count as the same share of the
-  rendered prompt's bytes (``size * matched_tokens // prompt_tokens``), so that the cost stays in one unit
+  rendered prompt's bytes (``size * matched_tokens / prompt_tokens``), so that the cost stays in one unit
   across targets read from either side. A body the tokenizer cannot read falls back to the approximate
   pairs for every target.
 
@@ -246,16 +246,17 @@ class CacheAware(Policy):
         size = len(prompt)
         matched = [0] * n
         exact = None
-        ids = self.tokenizer.request_ids(body) if self.tokenizer is not None and blocks is not None else None
-        if ids and index is not None:
-            exact = prompt_blocks(index, ids)
+        tokenized = self.tokenizer.request_prompt(body) if self.tokenizer and blocks is not None else None
+        if tokenized is not None and tokenized.ids and index is not None:
+            exact = prompt_blocks(index, tokenized.ids)
+            # bytes of the rendered prompt per matched token: its share of the prompt, in the same unit
+            per_token = size * tokenized.share / len(tokenized.ids)
         exact_keys = self.exact_keys
         ranks = []
         for i in range(n):
             if exact is not None and exact_keys[i]:
-                assert index is not None and ids is not None
-                tokens = index.match(exact, exact_keys[i]) * BLOCK_TOKENS
-                matched[i] = size * tokens // len(ids)
+                assert index is not None
+                matched[i] = min(size, int(index.match(exact, exact_keys[i]) * BLOCK_TOKENS * per_token))
             elif index is not None and blocks is not None:
                 matched[i] = index.match(blocks, keys[i]) * block
             cost = size - matched[i] + tuning.load_cost * loads[i]

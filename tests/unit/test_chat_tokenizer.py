@@ -85,3 +85,14 @@ def test_added_tokens_that_strip_whitespace_turn_piecewise_encoding_off(model: P
         tok.encode(text)
         == Tokenizer.from_file(str(other / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     )
+
+
+def test_a_long_prompt_is_encoded_up_to_the_limit_less_a_margin(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    messages = [{"role": "user", "content": "Harlech was built by Edward. " * 400}]
+    body = orjson.dumps({"messages": messages})
+    whole = tok.request_prompt(body, limit=1 << 20)
+    cut = tok.request_prompt(body, limit=2000)
+    assert whole is not None and cut is not None and whole.share == 1.0
+    assert 0 < cut.share < 0.2 and len(cut.ids) < len(whole.ids) // 4
+    assert cut.ids == whole.ids[: len(cut.ids)]  # the margin keeps what the cut could change out

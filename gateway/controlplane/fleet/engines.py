@@ -128,7 +128,8 @@ class EngineScraper:
         self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._lock = threading.Lock()
         self._prefix = shared.prefix
-        self.kv: KVEventFollower | None = None  # made on the thread's loop, with the first round
+        # Made on the thread's loop by the first round that finds a backend with kv_events.
+        self.kv: KVEventFollower | None = None
 
     def start(self) -> EngineScraper:
         self._thread = threading.Thread(target=self._main, name="engine-scraper", daemon=True)
@@ -158,8 +159,6 @@ class EngineScraper:
         wake = asyncio.Event()
         with self._lock:
             self._wake = (asyncio.get_running_loop(), wake)
-        if self._prefix is not None:
-            self.kv = KVEventFollower(PrefixIndex(self._prefix))
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT), trust_env=False) as client:
                 while not self._stop.is_set():
@@ -175,7 +174,7 @@ class EngineScraper:
                         pass
         finally:
             if self.kv is not None:
-                self.kv.close()
+                await self.kv.aclose()
 
     def backends(self) -> dict[str, Backend]:
         """The published snapshot's backends; only that part of a new generation is decoded (its keys,
@@ -195,6 +194,8 @@ class EngineScraper:
         backends = self.backends()
         for gone in set(self.watches) - set(backends):
             del self.watches[gone]
+        if self.kv is None and self._prefix is not None and any(b.kv_events for b in backends.values()):
+            self.kv = KVEventFollower(PrefixIndex(self._prefix))
         if self.kv is not None:
             self.kv.follow(backends)
         await asyncio.gather(*(self.watch(client, b) for b in backends.values()))

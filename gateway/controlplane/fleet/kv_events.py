@@ -46,7 +46,8 @@ class _Subscription:
 
 
 class KVEventFollower:
-    """The subscriptions of one host. Not thread-safe: call it on the loop it runs on."""
+    """The subscriptions of one host. Not thread-safe: call it on the loop it runs on. It owns ``index``
+    (attached to the host's segment) and closes it in ``aclose``."""
 
     def __init__(self, index: PrefixIndex) -> None:
         self.index = index
@@ -73,10 +74,14 @@ class KVEventFollower:
             for name, sub in self._subs.items()
         }
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
+        """End every subscription (each closes its sockets as its task ends), then the context."""
+        tasks = [sub.task for sub in self._subs.values() if sub.task is not None]
         for name, sub in list(self._subs.items()):
             self._end(name, sub)
-        self._context.destroy(0)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._context.term()
+        self.index.close()
 
     def _end(self, name: str, sub: _Subscription) -> None:
         if sub.task is not None:
