@@ -14,7 +14,8 @@ counter, one per batch, that lets a subscriber see that it missed some; ``payloa
   ``{"ts", "events", "data_parallel_rank"}`` and each event a map tagged ``"type": "BlockStored"``, with
   ``lora_name``, ``extra_keys``, ``group_idx`` and the cache-spec fields after ``medium``.
 
-``decode_batch`` reads both shapes, field by position or by name, and ignores fields it does not know.
+``decode_batch`` reads both shapes, field by position or by name (``lora_name``, ``extra_keys`` and
+``group_idx`` too, at their places in main's order), and ignores fields it does not know.
 ``encode_batch`` writes the array form with ``medium`` and ``data_parallel_rank`` (what the releases that
 llm-d's kv-cache-manager reads send), for the simulated engine. A block hash is an int (64-bit) or
 bytes, as vLLM's ``ExternalBlockHash``; a token id is an int.
@@ -61,12 +62,18 @@ class BlockStored:
     block_size: int
     lora_id: int | None = None
     medium: str | None = MEDIUM_GPU
+    lora_name: str | None = None
+    salted: bool = False
+    """Some block's ``extra_keys`` entry is set: its hash covers more than its tokens (images, a cache
+    salt, prompt embeddings), which a prompt's tokens alone cannot meet."""
+    group_idx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[BlockHash, ...]
     medium: str | None = MEDIUM_GPU
+    group_idx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +91,18 @@ class EventBatch:
     data_parallel_rank: int | None = None
 
 
-_STORED_FIELDS: Final = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
-_REMOVED_FIELDS: Final = ("block_hashes", "medium")
+_STORED_FIELDS: Final = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+)
+_REMOVED_FIELDS: Final = ("block_hashes", "medium", "group_idx")
 
 
 def decode_sequence(frame: bytes) -> int:
@@ -145,6 +162,9 @@ def _event(raw: Any) -> KVEvent:
             raise KVEventError("block_size must be a positive int")
         lora = f.get("lora_id")
         medium = f.get("medium")
+        lora_name = f.get("lora_name")
+        extra = f.get("extra_keys")
+        group = f.get("group_idx")
         return BlockStored(
             _hashes(f.get("block_hashes")),
             parent,
@@ -152,11 +172,19 @@ def _event(raw: Any) -> KVEvent:
             size,
             lora if isinstance(lora, int) else None,
             medium if isinstance(medium, str) else None,
+            lora_name if isinstance(lora_name, str) else None,
+            isinstance(extra, list) and any(k is not None for k in extra),
+            group if isinstance(group, int) else None,
         )
     if tag == "BlockRemoved":
         _, f = _fields(raw, _REMOVED_FIELDS)
         medium = f.get("medium")
-        return BlockRemoved(_hashes(f.get("block_hashes")), medium if isinstance(medium, str) else None)
+        group = f.get("group_idx")
+        return BlockRemoved(
+            _hashes(f.get("block_hashes")),
+            medium if isinstance(medium, str) else None,
+            group if isinstance(group, int) else None,
+        )
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise KVEventError(f"unknown event type {tag!r}")

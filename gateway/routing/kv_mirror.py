@@ -15,8 +15,10 @@ known: a block whose parent was never seen is skipped, as it could never be matc
 ``BlockRemoved`` forgets, ``AllBlocksCleared`` forgets the backend's every pair. A sequence number that
 is not the last plus one means messages were lost (or the engine restarted): the backend's exact pairs
 are forgotten, and until its events refill them, routing reads that backend from the approximate pairs.
-Blocks stored with a LoRA adapter, or in another medium than the GPU (CPU offload tiers), are counted and
-left out: the request path cannot tell which adapter a prompt meets. No I/O here.
+Blocks stored with a LoRA adapter, with ``extra_keys`` (images, a cache salt: their hash covers more than
+their tokens), in another medium than the GPU (CPU offload tiers), or in a KV-cache group other than the
+first (hybrid models' sliding-window groups), are counted and left out: a prompt's tokens alone cannot
+say whether it meets them. No I/O here.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ __all__ = ["BLOCK_TOKENS", "MAX_MIRRORED", "BackendMirror", "MirrorCounts", "exa
 
 BLOCK_TOKENS: Final = 16
 _BLOCK_BYTES: Final = 4 * BLOCK_TOKENS
-MAX_MIRRORED: Final = 1 << 21  # engine blocks remembered per backend: past it, start over (see apply)
+# Engine blocks remembered per backend (about 200 bytes each): more than a GPU's cache holds (8M tokens at
+# 16 a block); past it, a stream that never removes anything, so start over (see apply).
+MAX_MIRRORED: Final = 1 << 19
 
 
 def exact_key(backend: str) -> int:
@@ -120,6 +124,9 @@ class BackendMirror:
             odd
             or per == 0
             or event.lora_id is not None
+            or event.lora_name is not None
+            or event.salted
+            or event.group_idx not in (None, 0)
             or event.medium not in (None, "GPU")
             or len(event.token_ids) != n * event.block_size
         ):
@@ -146,7 +153,7 @@ class BackendMirror:
         self.counts.stored += n
 
     def _removed(self, event: BlockRemoved) -> None:
-        if event.medium not in (None, "GPU"):
+        if event.medium not in (None, "GPU") or event.group_idx not in (None, 0):
             return
         gone: list[int] = []
         for h in event.block_hashes:

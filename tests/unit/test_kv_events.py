@@ -77,7 +77,11 @@ def test_the_map_form_of_vllm_main_decodes_and_unknown_fields_are_ignored() -> N
         {"ts": 3.0, "events": [stored, {"type": "AllBlocksCleared"}], "data_parallel_rank": 0}
     )
     batch = decode_batch(payload)
-    assert batch.events == (BlockStored((1,), 9, (1,) * 16, 16, None, "GPU"), AllBlocksCleared())
+    assert batch.events == (BlockStored((1,), 9, (1,) * 16, 16, None, "GPU", group_idx=0), AllBlocksCleared())
+    salted = {**stored, "extra_keys": [["salt"]], "lora_name": "adapter", "group_idx": 1}
+    (event,) = decode_batch(msgpack.packb({"ts": 3.0, "events": [salted]})).events
+    assert isinstance(event, BlockStored) and event.salted and event.lora_name == "adapter"
+    assert event.group_idx == 1
 
 
 @pytest.mark.parametrize(

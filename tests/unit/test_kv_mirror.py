@@ -82,9 +82,11 @@ def test_lora_other_media_and_odd_block_sizes_are_left_out() -> None:
     mirror.apply(0, batch(stored([1], None, PROMPT[:16], lora_id=3)))
     mirror.apply(1, batch(stored([2], None, PROMPT[:16], medium="CPU")))
     mirror.apply(2, batch(stored([3], None, PROMPT[:8], size=8)))
-    assert matched(index, "a") == 0 and mirror.counts.skipped == 3
-    mirror.apply(3, batch(stored([4], None, PROMPT[:16])))
-    mirror.apply(4, batch(BlockRemoved((4,), "CPU")))  # the CPU tier let go of its copy; the GPU's stays
+    mirror.apply(3, batch(stored([5], None, PROMPT[:16], salted=True)))
+    mirror.apply(4, batch(stored([6], None, PROMPT[:16], group_idx=1)))
+    assert matched(index, "a") == 0 and mirror.counts.skipped == 5
+    mirror.apply(5, batch(stored([4], None, PROMPT[:16])))
+    mirror.apply(6, batch(BlockRemoved((4,), "CPU")))  # the CPU tier let go of its copy; the GPU's stays
     assert matched(index, "a") == 1
 
 
