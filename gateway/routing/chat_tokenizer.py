@@ -98,7 +98,16 @@ class ChatTokenizer:
 
     __slots__ = ("_added", "_cached", "_segments", "_split", "_template", "_tokenizer", "_variables", "path")
 
-    def __init__(self, tokenizer: Tokenizer, template: str, variables: Mapping[str, str], path: str) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        template: str,
+        variables: Mapping[str, str],
+        path: str,
+        pre_tokenizer: Any = None,
+    ) -> None:
+        """``pre_tokenizer``: the ``tokenizer.json`` member of that name, which says whether the pieces
+        between added tokens may be encoded apart."""
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
         )
@@ -114,7 +123,7 @@ class ChatTokenizer:
         self.path = path
         self._segments: OrderedDict[str, list[int]] = OrderedDict()
         self._cached = 0
-        self._added, self._split = _added_tokens(tokenizer)
+        self._added, self._split = _added_tokens(tokenizer, pre_tokenizer)
         if self._split is not None:
             probe = "".join(f"{t} probe text {i}\n  spaced\t" for i, t in enumerate(self._added)) + " end"
             if self.encode(probe) != self._encode_whole(probe):
@@ -125,9 +134,11 @@ class ChatTokenizer:
         """The tokenizer of a model directory (``tokenizer.json`` and ``tokenizer_config.json``)."""
         root = Path(directory)
         try:
-            tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
+            text = (root / "tokenizer.json").read_text(encoding="utf-8")
+            tokenizer = Tokenizer.from_str(text)
             config = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError, Exception) as exc:  # tokenizers raises a bare Exception on bad JSON
+            pre_tokenizer = orjson.loads(text).get("pre_tokenizer")
+        except Exception as exc:  # OSError, ValueError; tokenizers raises a bare Exception on bad JSON
             raise TokenizerError(f"{directory}: {exc}") from None
         template = config.get("chat_template") if isinstance(config, dict) else None
         if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
@@ -136,7 +147,7 @@ class ChatTokenizer:
         if not isinstance(template, str):
             raise TokenizerError(f"{directory}: tokenizer_config.json has no chat_template")
         variables = {k: v for k in _SPECIAL if (v := _special(config.get(k))) is not None}
-        return cls(tokenizer, template, variables, directory)
+        return cls(tokenizer, template, variables, directory, pre_tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str:
         """The chat template over ``messages``, with the generation prompt. Raises ``TemplateError``."""
@@ -220,14 +231,13 @@ class ChatTokenizer:
         return PromptIds(ids[: max(0, len(ids) - CUT_MARGIN)], limit / len(text))
 
 
-def _added_tokens(tokenizer: Tokenizer) -> tuple[dict[str, int], re.Pattern[str] | None]:
+def _added_tokens(tokenizer: Tokenizer, pre: Any) -> tuple[dict[str, int], re.Pattern[str] | None]:
     """The added tokens by text, and a pattern that splits at them (capturing them) where encoding the
     pieces apart is encoding the whole; None where it may not be."""
     added = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items()}
     tokens = tokenizer.get_added_tokens_decoder().values()
     if not added or any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in tokens):
         return added, None
-    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer")
     if '"first"' in json.dumps(pre):  # Metaspace(prepend_scheme="first"): the first piece is special
         return added, None
     longest_first = sorted(added, key=len, reverse=True)

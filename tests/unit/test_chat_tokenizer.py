@@ -96,3 +96,18 @@ def test_a_long_prompt_is_encoded_up_to_the_limit_less_a_margin(model: Path) -> 
     assert whole is not None and cut is not None and whole.share == 1.0
     assert 0 < cut.share < 0.2 and len(cut.ids) < len(whole.ids) // 4
     assert cut.ids == whole.ids[: len(cut.ids)]  # the margin keeps what the cut could change out
+
+
+def test_a_pre_tokenizer_that_treats_the_first_piece_apart_turns_it_off(model: Path, tmp_path: Path) -> None:
+    doc = orjson.loads((model / "tokenizer.json").read_bytes())
+    doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}
+    doc["decoder"] = None
+    other = tmp_path / "metaspace"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
+    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    tok = ChatTokenizer.load(str(other))
+    text = tok.render([{"role": "user", "content": "hi there"}])
+    assert tok._split is None
+    raw = Tokenizer.from_file(str(other / "tokenizer.json"))
+    assert tok.encode(text) == raw.encode(text, add_special_tokens=False).ids
