@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.processes import MockEngine, free_port, wait_until
 from tests.fixtures.tiny_tokenizer import write_tiny_model
@@ -124,6 +125,8 @@ def test_the_exact_index_follows_the_engines_cache_and_the_approximate_one_does_
     assert miss["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert metric(exact, "gateway_backend_kv_event_gaps_total", x) == 0
     assert metric(exact, "gateway_backend_kv_events_total", x) > 0
+    families = {f.name for f in text_string_to_metric_families(exact.admin("GET", "/metrics").text)}
+    assert {"gateway_backend_kv_blocks", "gateway_prefix_exact_matches"} <= families
 
     # x goes away: the disconnect forgets what its events had said (the miss just cached turn 3 there).
     wait_until(lambda: metric(exact, "gateway_backend_kv_blocks", x) > 0, what="x's events mirrored again")
