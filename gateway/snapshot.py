@@ -47,8 +47,10 @@ fail over to a target with a larger window) and ``"rules"``: ``[{"name", "when":
 "route" | "refuse" | "delegate", "steps": [{"pool": name} | {"targets": [[pm, backend, upstream_model],
 ...]}], "status", "message", "model", "tag", "policy"}]`` (``gateway.routing.rules`` describes
 ``when``). A backend may carry flow-control settings (``max_concurrency``, ``waiting_high_water``,
-``queue_size``, ``queue_timeout``, ``kv_high_water``), ``health_path`` and ``responses_api`` (true: it
-serves ``/v1/responses`` itself); a principal its role names (``"roles"``), which rules may test.
+``queue_size``, ``queue_timeout``, ``kv_high_water``), ``health_path``, ``responses_api`` (true: it
+serves ``/v1/responses`` itself) and ``kv_events`` (its engine's KV-event publisher, ``tcp://host:port``);
+a pool ``"cache"`` (``cache_aware``'s knobs) and ``"tokenizer"`` (a model directory); a principal its
+role names (``"roles"``), which rules may test.
 
 Flow control (``gateway.dataplane.flow``): a principal, a key and a frontend route (with its aliases) may
 carry ``"priority"``: ``"critical"``, ``"standard"`` or ``"sheddable"`` (the key's wins, then the

@@ -263,6 +263,10 @@ int64_t gw_pix_entries(const char *base, size_t size);
 int64_t gw_pix_hash_blocks(const char *base, size_t size, const char *data, size_t len, uint32_t block,
                            uint64_t *out, uint32_t max_out);
 
+/* As gw_pix_hash_blocks, the chain starting after `prev` (a hash it returned) instead of at the start. */
+int64_t gw_pix_hash_after(const char *base, size_t size, uint64_t prev, const char *data, size_t len,
+                          uint32_t block, uint64_t *out, uint32_t max_out);
+
 /* How many leading blocks of hashes[0, n) the index holds for `target` (a hash naming the backend). */
 int64_t gw_pix_match(const char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
 
@@ -270,10 +274,25 @@ int64_t gw_pix_match(const char *base, size_t size, const uint64_t *hashes, uint
  * how many pairs were evicted. */
 int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
 
+/* gw_pix_insert with the pairs pinned (when `pinned`): an unpinned insert never evicts them from a set
+ * that has an unpinned way. */
+int64_t gw_pix_insert_pinned(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target,
+                             int pinned);
+
+/* Remove the pairs (hashes[i], target) the index holds; returns how many it held. */
+int64_t gw_pix_forget(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target);
+
+/* Remove every pair of `target` (a scan of the whole table); returns how many. */
+int64_t gw_pix_forget_target(char *base, size_t size, uint64_t target);
+
+/* Count one routing decision that took a target's prefix from exact pairs (`held`: they held a block). */
+int gw_pix_count_exact(char *base, size_t size, int held);
+
 /* How many pairs the index holds for `target` now (0 for a target never inserted). */
 int64_t gw_pix_held(const char *base, size_t size, uint64_t target);
 
-/* out[0] = insert calls, out[1] = pairs inserted or refreshed, out[2] = pairs evicted, ever. */
+/* out[0] = insert calls, out[1] = pairs inserted or refreshed, out[2] = pairs evicted, out[3] = decisions
+ * from exact pairs, out[4] = of those, the ones where they held a block; ever. */
 int gw_pix_stats(const char *base, size_t size, uint64_t *out);
 
 /* cffi:end */

@@ -10,12 +10,19 @@
  * holds of what it was sent, as far as the index knows): where a prompt matches nowhere, the target that
  * holds least has the most room for it.
  *
+ * The same table can hold exact pairs: what an engine's published KV events say it caches (the host's
+ * control slot writes them, gateway/routing/kv_mirror.py). They are inserted pinned, so that the noting of
+ * prompts sent never pushes them out while a set has an unpinned way (only a set full of pinned pairs
+ * gives up its oldest), and they leave when the engine says so: gw_pix_forget removes named pairs,
+ * gw_pix_forget_target every pair of one target.
+ *
  * Region layout (little-endian host uint64 words, the region 8-aligned):
  *   header, 64 bytes: [0] magic, [1] entries (a power of two), [2] secret (seeds the block hashes),
- *     [3] clock (one tick per insert call), [4] inserts, [5] evictions, [6..7] reserved
+ *     [3] clock (one tick per insert call), [4] inserts, [5] evictions, [6] routing decisions that took a
+ *     target's prefix from exact pairs, [7] of those, the ones where the exact pairs held a block
  *   TARGETS target slots of 16 bytes: [0] target (0 = free; claimed once), [1] pairs it holds
- *   entries slots of 16 bytes: [0] key (0 = free), [1] stamp: the clock when last inserted << 8, and the
- *     target slot of the pair in the low 8 bits
+ *   entries slots of 16 bytes: [0] key (0 = free), [1] stamp: the clock when last inserted << 9, bit 8
+ *     set for a pinned pair, and the target slot of the pair in the low 8 bits
  *
  * Workers read and write without locks: each word is loaded and stored atomically, and a race between two
  * writers of one slot loses at most one pair, which costs one routing hint, never a wrong read past the
@@ -39,6 +46,10 @@
 #define H_CLOCK 3
 #define H_INSERTS 4
 #define H_EVICTIONS 5
+#define H_EXACT 6
+#define H_EXACT_HELD 7
+#define PINNED (UINT64_C(1) << 8)
+#define CLOCK_SHIFT 9
 
 static uint64_t *words(const char *base) { return (uint64_t *)(uintptr_t)base; }
 
@@ -50,6 +61,10 @@ uint64_t gw_pix_region_size(uint64_t entries) {
     if (entries < MIN_ENTRIES || entries > MAX_ENTRIES || (entries & (entries - 1)) != 0) return 0;
     return TABLE_WORDS * 8 + entries * 16;
 }
+
+/* block_hash chained from `h` over data's whole blocks, at most max_out of them. */
+static uint32_t chain_blocks(uint64_t h, const char *data, size_t len, uint32_t block, uint64_t *out,
+                             uint32_t max_out);
 
 int gw_pix_init(char *base, size_t size, uint64_t entries, uint64_t secret) {
     uint64_t need = gw_pix_region_size(entries);
@@ -112,7 +127,18 @@ int64_t gw_pix_hash_blocks(const char *base, size_t size, const char *data, size
                            uint64_t *out, uint32_t max_out) {
     if (region_entries(base, size) == 0) return GW_EREGION;
     if (block == 0 || (data == NULL && len > 0) || (out == NULL && max_out > 0)) return GW_EINVAL;
-    uint64_t h = words(base)[H_SECRET];
+    return chain_blocks(words(base)[H_SECRET], data, len, block, out, max_out);
+}
+
+int64_t gw_pix_hash_after(const char *base, size_t size, uint64_t prev, const char *data, size_t len,
+                          uint32_t block, uint64_t *out, uint32_t max_out) {
+    if (region_entries(base, size) == 0) return GW_EREGION;
+    if (block == 0 || (data == NULL && len > 0) || (out == NULL && max_out > 0)) return GW_EINVAL;
+    return chain_blocks(prev, data, len, block, out, max_out);
+}
+
+static uint32_t chain_blocks(uint64_t h, const char *data, size_t len, uint32_t block, uint64_t *out,
+                             uint32_t max_out) {
     size_t full = len / block;
     uint32_t n = full < max_out ? (uint32_t)full : max_out;
     const unsigned char *p = (const unsigned char *)data;
@@ -189,19 +215,25 @@ int64_t gw_pix_match(const char *base, size_t size, const uint64_t *hashes, uint
 }
 
 int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target) {
+    return gw_pix_insert_pinned(base, size, hashes, n, target, 0);
+}
+
+int64_t gw_pix_insert_pinned(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target,
+                             int pinned) {
     uint64_t entries = region_entries(base, size);
     if (entries == 0) return GW_EREGION;
     if (hashes == NULL && n > 0) return GW_EINVAL;
     uint64_t *hdr = words(base);
     uint64_t now = __atomic_add_fetch(&hdr[H_CLOCK], 1, __ATOMIC_RELAXED);
     int mine = target_slot(base, target, 1);
-    uint64_t stamp = (now << 8) | (uint64_t)mine;
+    uint64_t stamp = (now << CLOCK_SHIFT) | (pinned ? PINNED : 0) | (uint64_t)mine;
     uint64_t evicted = 0;
     int64_t added = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t key = pair_key(hashes[i], target);
         uint64_t *set = set_of(base, entries, key);
         int pick = -1;
+        int pick_pinned = 1;
         uint64_t oldest_age = 0;
         for (int w = 0; w < WAYS; w++) {
             uint64_t k = load(&set[2 * w]);
@@ -209,10 +241,14 @@ int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t 
                 pick = w;
                 break;
             }
-            /* A free way is as old as can be; ages are differences, so the clock may wrap. */
-            uint64_t age = k == 0 ? UINT64_MAX : (now - (load(&set[2 * w + 1]) >> 8)) & (UINT64_MAX >> 8);
-            if (pick < 0 || age > oldest_age) {
+            /* A free way is as old as can be; ages are differences, so the clock may wrap. An unpinned
+             * way goes before any pinned one. */
+            uint64_t st = load(&set[2 * w + 1]);
+            int is_pinned = k != 0 && (st & PINNED) != 0;
+            uint64_t age = k == 0 ? UINT64_MAX : (now - (st >> CLOCK_SHIFT)) & (UINT64_MAX >> CLOCK_SHIFT);
+            if (pick < 0 || is_pinned < pick_pinned || (is_pinned == pick_pinned && age > oldest_age)) {
                 pick = w;
+                pick_pinned = is_pinned;
                 oldest_age = age;
             }
         }
@@ -234,6 +270,62 @@ int64_t gw_pix_insert(char *base, size_t size, const uint64_t *hashes, uint32_t 
     return evicted;
 }
 
+/* Clear the slot of one pair if it holds `key`; 1 if it did. */
+static int64_t clear_pair(char *base, uint64_t entries, uint64_t key) {
+    uint64_t *set = set_of(base, entries, key);
+    for (int w = 0; w < WAYS; w++) {
+        uint64_t *slot = &set[2 * w];
+        if (load(slot) == key) {
+            uint64_t stamp = load(slot + 1);
+            uint64_t expected = key;
+            /* A writer that took the slot meanwhile keeps it: its pair is not ours to clear. */
+            if (__atomic_compare_exchange_n(slot, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+                add_held(base, (int)(stamp & 0xff), -1);
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+int64_t gw_pix_forget(char *base, size_t size, const uint64_t *hashes, uint32_t n, uint64_t target) {
+    uint64_t entries = region_entries(base, size);
+    if (entries == 0) return GW_EREGION;
+    if (hashes == NULL && n > 0) return GW_EINVAL;
+    int64_t removed = 0;
+    for (uint32_t i = 0; i < n; i++) removed += clear_pair(base, entries, pair_key(hashes[i], target));
+    return removed;
+}
+
+int64_t gw_pix_forget_target(char *base, size_t size, uint64_t target) {
+    uint64_t entries = region_entries(base, size);
+    if (entries == 0) return GW_EREGION;
+    int s = target_slot(base, target, 0);
+    if (s < 0) return 0;
+    /* A slot records only its pair's target slot, not the target: past TARGETS targets the last slot is
+     * shared, and forgetting one of them forgets them all (the pairs of a forgotten target come back
+     * from their own events or prompts). */
+    uint64_t *table = words(base) + TABLE_WORDS;
+    int64_t removed = 0;
+    for (uint64_t i = 0; i < entries; i++) {
+        uint64_t *slot = &table[2 * i];
+        uint64_t key = load(slot);
+        if (key == 0 || (load(slot + 1) & 0xff) != (uint64_t)s) continue;
+        uint64_t expected = key;
+        if (__atomic_compare_exchange_n(slot, &expected, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) removed++;
+    }
+    add_held(base, s, -removed);
+    return removed;
+}
+
+int gw_pix_count_exact(char *base, size_t size, int held) {
+    if (region_entries(base, size) == 0) return GW_EREGION;
+    uint64_t *hdr = words(base);
+    __atomic_add_fetch(&hdr[H_EXACT], 1, __ATOMIC_RELAXED);
+    if (held) __atomic_add_fetch(&hdr[H_EXACT_HELD], 1, __ATOMIC_RELAXED);
+    return GW_OK;
+}
+
 int gw_pix_stats(const char *base, size_t size, uint64_t *out) {
     if (region_entries(base, size) == 0) return GW_EREGION;
     if (out == NULL) return GW_EINVAL;
@@ -241,5 +333,7 @@ int gw_pix_stats(const char *base, size_t size, uint64_t *out) {
     out[0] = load(&hdr[H_CLOCK]);
     out[1] = load(&hdr[H_INSERTS]);
     out[2] = load(&hdr[H_EVICTIONS]);
+    out[3] = load(&hdr[H_EXACT]);
+    out[4] = load(&hdr[H_EXACT_HELD]);
     return GW_OK;
 }

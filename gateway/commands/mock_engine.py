@@ -16,10 +16,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+import zmq
+
 from gateway.commands.options import Parser, port_number, positive_int
 from gateway.mockengine.behaviour import Behaviour
 from gateway.mockengine.server import MockEngine, serve
 from gateway.mockengine.sim import SimConfig
+from gateway.routing.chat_tokenizer import ChatTokenizer
 
 __all__ = ["add_arguments", "main", "register", "run"]
 
@@ -97,6 +100,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="completion length, at most the request's max_tokens (default: the request's max_tokens, "
         "else --tokens)",
     )  # fmt: skip
+    sim.add_argument(
+        "--sim-kv-events", default=None, metavar="ENDPOINT",
+        help="publish vLLM's KV-cache events on a ZeroMQ PUB socket bound to ENDPOINT, e.g. "
+        "tcp://127.0.0.1:5557 (as vLLM's --kv-events-config); POST /mock/reset-cache clears the cache",
+    )  # fmt: skip
+    sim.add_argument(
+        "--sim-tokenizer", default=None, metavar="DIR",
+        help="tokenize prompts with the chat template and tokenizer.json of this Hugging Face model "
+        "directory, as vLLM does (default: one token per 4 bytes of a fixed rendering)",
+    )  # fmt: skip
     p.add_argument(
         "--backpressure",
         type=int,
@@ -159,7 +172,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gateway mock-engine: error: {exc}", file=sys.stderr)
         return 2
-    engine = MockEngine(defaults, args.models or [DEFAULT_MODEL], sim)
+    if (args.sim_kv_events or args.sim_tokenizer) and sim is None:
+        print("gateway mock-engine: error: --sim-kv-events and --sim-tokenizer need --sim", file=sys.stderr)
+        return 2
+    try:
+        tokenizer = ChatTokenizer.load(args.sim_tokenizer) if args.sim_tokenizer else None
+        engine = MockEngine(defaults, args.models or [DEFAULT_MODEL], sim, args.sim_kv_events, tokenizer)
+    except (ValueError, zmq.ZMQError) as exc:
+        print(f"gateway mock-engine: error: {exc}", file=sys.stderr)
+        return 2
 
     def announce() -> None:
         print(f"mock-engine listening on http://{args.host}:{args.port}", flush=True)

@@ -76,6 +76,7 @@ _FLOW_DOC = (
     "kv_high_water",
     "reserved_places",
     "responses_api",
+    "kv_events",
 )  # the store's limit_rpm, limit_tpm, limit_concurrency
 
 
@@ -309,6 +310,7 @@ def _pools(routing: RoutingRows, routes: dict[str, dict[str, Any]], skip: _Skips
             "prefix_bytes": pool.prefix_bytes,
             "max_inflight": pool.max_inflight,
             **({"cache": dict(pool.cache)} if pool.cache else {}),
+            **({"tokenizer": pool.tokenizer} if pool.tokenizer else {}),
         }
     return out
 

@@ -45,6 +45,7 @@ from granian.server.embed import Server
 from gateway.mockengine import anthropic, gemini, responses_api, sim, simulated
 from gateway.mockengine import responses as r
 from gateway.mockengine.behaviour import Behaviour
+from gateway.routing.chat_tokenizer import ChatTokenizer, TemplateError
 
 __all__ = ["MockEngine", "serve"]
 
@@ -95,7 +96,12 @@ class MockEngine:
     """The RSGI application. ``defaults`` is what ``/mock/reset`` returns to."""
 
     def __init__(
-        self, defaults: Behaviour, models: Sequence[str], sim_config: sim.SimConfig | None = None
+        self,
+        defaults: Behaviour,
+        models: Sequence[str],
+        sim_config: sim.SimConfig | None = None,
+        kv_events: str | None = None,
+        tokenizer: ChatTokenizer | None = None,
     ) -> None:
         if not models:
             raise ValueError("at least one model name is required")
@@ -111,7 +117,13 @@ class MockEngine:
         self._sleepers: set[asyncio.Future[None]] = set()
         self.stored = responses_api.ResponseStore()
         # --sim: chat and text completions go through a simulated engine (see ``sim``) instead of ``_plan``.
-        self.sim = simulated.StepLoop(sim.Engine(sim_config)) if sim_config is not None else None
+        # --sim-kv-events: the engine publishes vLLM's KV events on a ZeroMQ PUB socket bound there.
+        # --sim-tokenizer: prompts are the token ids of that model's chat template, as vLLM's are.
+        self.sim = None
+        if sim_config is not None:
+            publisher = simulated.KVEventPublisher(kv_events) if kv_events else None
+            self.sim = simulated.StepLoop(sim.Engine(sim_config, publisher is not None), publisher)
+        self.tokenizer = tokenizer
 
     def begin_shutdown(self) -> None:
         """Cut waits short and end streams at their next chunk, so the server can drain promptly."""
@@ -353,14 +365,14 @@ class MockEngine:
                 or not all(isinstance(m, dict) for m in messages)
             ):
                 raise r.MockRequestError(400, "messages must be a non-empty list of objects")
-            prompt = sim.render_chat(messages)
+            prompt = sim.render_chat(messages) if self.tokenizer is None else self._token_prompt(messages)
         else:
             text = req.get("prompt")
             if isinstance(text, list) and all(isinstance(t, str) for t in text):
                 text = "".join(text)
             if not isinstance(text, str):
                 raise r.MockRequestError(400, "the simulated engine takes a string prompt")
-            prompt = text.encode()
+            prompt = text.encode() if self.tokenizer is None else sim.pack_tokens(self.tokenizer.encode(text))
         configured = self.sim.engine.config.output_tokens
         # The request's cap is the answer's length unless --sim-output-tokens is shorter; --tokens (or
         # x-mock-tokens) only when there is no cap.
@@ -371,7 +383,8 @@ class MockEngine:
         model = requested if isinstance(requested, str) else self.models[0]
         loop = asyncio.get_running_loop()
         try:
-            seq = self.sim.engine.sequence(model, prompt, n, loop.time())
+            answer = self._token_answer(prompt, n) if self.tokenizer is not None else None
+            seq = self.sim.engine.sequence(model, prompt, n, loop.time(), answer)
         except ValueError as exc:
             raise r.MockRequestError(400, str(exc)) from None
         prefix = "chatcmpl" if chat else "cmpl"
@@ -380,6 +393,24 @@ class MockEngine:
         usage = isinstance(options, dict) and options.get("include_usage") is True
         frames = simulated.Frames(chat, model, rid, int(time.time()), usage, finish == "length")
         return seq, frames, req.get("stream") is True
+
+    def _token_prompt(self, messages: list[dict[str, Any]]) -> bytes:
+        assert self.tokenizer is not None
+        try:
+            return sim.pack_tokens(self.tokenizer.chat_ids(messages))
+        except (TemplateError, ValueError) as exc:
+            raise r.MockRequestError(400, f"the chat template failed: {exc}") from None
+
+    def _token_answer(self, prompt: bytes, n: int) -> tuple[bytes, list[str]]:
+        """``n`` answer tokens: those of a text made of the prompt's words (``sim.answer_text``), repeated
+        when it encodes to fewer; each with its text as the tokenizer decodes it."""
+        assert self.tokenizer is not None
+        if n <= 0:
+            return b"", []
+        text = self.tokenizer.decode(sim.unpack_tokens(prompt))
+        ids = self.tokenizer.encode(sim.answer_text(text.encode(), n)) or [0]
+        ids = (ids * (n // len(ids) + 1))[:n]
+        return sim.pack_tokens(ids), [self.tokenizer.decode([i]) for i in ids]
 
     async def _sim_answer(
         self,
@@ -432,6 +463,15 @@ class MockEngine:
                 _error(proto, r.MockRequestError(400, str(exc)))
                 return
             _json(proto, self.behaviour.to_dict())
+        elif path == "/mock/reset-cache" and method == "POST":
+            # The simulated engine forgets its prefix cache, as a restarted engine has (AllBlocksCleared).
+            if self.sim is None:
+                _error(proto, r.MockRequestError(404, "reset-cache needs --sim", "NotFoundError"))
+            elif not self.sim.engine.reset_cache():
+                _error(proto, r.MockRequestError(409, "requests are running", "Conflict"))
+            else:
+                self.sim.flush()
+                _json(proto, simulated.stats_json(self.sim.engine))
         elif path == "/mock/config" and method == "GET":
             _json(proto, self.behaviour.to_dict())
         elif path == "/mock/reset" and method == "POST":

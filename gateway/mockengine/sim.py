@@ -17,6 +17,15 @@ sequences that pin it; unpinned ones sit in an LRU order and are evicted oldest 
 running sequence (the blocks it reserved for the part of its prompt and answer that was not a hit).
 A sequence reserves blocks for its whole prompt and answer on admission, so the engine never preempts;
 a waiting sequence is admitted only when those blocks fit beside the pinned ones.
+
+With ``record_events``, the engine notes what vLLM's ``--kv-events-config`` publishes
+(``gateway.protocol.kv_events``): ``BlockStored`` when blocks enter the cache (with their token ids, each
+4-byte piece of the prompt read as a little-endian integer, or the real ids when the prompt was given as
+token ids), ``BlockRemoved`` when eviction takes one, ``AllBlocksCleared`` on ``reset_cache``. The driver
+takes them with ``take_events``. A block's published hash is the first 8 bytes of its chained hash.
+
+A prompt may also be given as token ids instead of text: ``pack_tokens`` makes them 4 bytes each, so a
+"byte" of the engine's arithmetic is then a quarter of a real token and everything above holds unchanged.
 """
 
 from __future__ import annotations
@@ -24,11 +33,14 @@ from __future__ import annotations
 import enum
 import hashlib
 import random
+import struct
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.protocol.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -40,8 +52,10 @@ __all__ = [
     "State",
     "Step",
     "answer_text",
+    "pack_tokens",
     "render_chat",
     "tokens_in",
+    "unpack_tokens",
 ]
 
 BYTES_PER_TOKEN = 4
@@ -85,6 +99,21 @@ class SimConfig:
 def tokens_in(data: bytes) -> int:
     """Tokens in ``data``: one per 4 bytes, a last partial one counting as a whole."""
     return -(-len(data) // BYTES_PER_TOKEN)
+
+
+def pack_tokens(ids: Seq[int]) -> bytes:
+    """Token ids as the engine's prompt bytes: 4 bytes each, little-endian."""
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def unpack_tokens(data: bytes) -> list[int]:
+    """``pack_tokens``'s inverse (a last partial piece is left out)."""
+    return list(struct.unpack(f"<{len(data) // 4}I", data[: len(data) // 4 * 4]))
+
+
+def published_hash(h: bytes) -> int:
+    """A block's hash as the engine publishes it in KV events: a 64-bit int (vLLM's ``ExternalBlockHash``)."""
+    return int.from_bytes(h[:8], "big")
 
 
 def _text_of(content: object) -> str:
@@ -159,6 +188,9 @@ class Sequence:
     first_token_at: float | None = None
     held: list[bytes] = field(default_factory=list)
     """Cache blocks this sequence pins, in prompt order."""
+    pieces: Seq[str] | None = None
+    """Given token ids: each answer token's text (``answer_ids`` holds the ids, packed)."""
+    answer_ids: bytes = b""
     private: int = 0
     """Reserved blocks not (yet) in the cache."""
     listener: Any = None
@@ -169,7 +201,21 @@ class Sequence:
 
     def piece(self, i: int) -> str:
         """The text of generated token ``i``."""
+        if self.pieces is not None:
+            return self.pieces[i]
         return self.answer[i * BYTES_PER_TOKEN : (i + 1) * BYTES_PER_TOKEN]
+
+    def text(self) -> str:
+        """The answer generated so far."""
+        if self.pieces is not None:
+            return "".join(self.pieces[: self.generated])
+        return self.answer[: self.generated * BYTES_PER_TOKEN]
+
+    def generated_data(self) -> bytes:
+        """The generated tokens as the engine's bytes (what the answer's blocks are hashed over)."""
+        if self.pieces is not None:
+            return self.answer_ids[: self.generated * BYTES_PER_TOKEN]
+        return self.answer[: self.generated * BYTES_PER_TOKEN].encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +266,7 @@ class SimStats:
 
 
 class Engine:
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, record_events: bool = False) -> None:
         self.config = config
         self.block_bytes = config.block_tokens * BYTES_PER_TOKEN
         self.waiting: deque[Sequence] = deque()
@@ -232,11 +278,41 @@ class Engine:
         self.used = 0
         """Blocks in use: cached ones plus running sequences' private ones."""
         self.stats = SimStats()
+        self.events: list[KVEvent] | None = [] if record_events else None
+        """What the cache did since ``take_events``, as vLLM's KV events; None: not recorded."""
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events recorded since the last call (none when not recorded)."""
+        events = self.events
+        if not events:
+            return []
+        self.events = []
+        return events
+
+    def reset_cache(self) -> bool:
+        """Drop every cached block no running sequence pins, as vLLM's ``reset_prefix_cache`` does (and
+        what an engine restart does to all of them): False, and nothing done, while sequences run."""
+        if self.running:
+            return False
+        self.used -= len(self.cache)
+        self.cache.clear()
+        self.lru.clear()
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+        return True
 
     # -- sequences -------------------------------------------------------------------------------
 
-    def sequence(self, model: str, prompt: bytes, output_tokens: int, now: float) -> Sequence:
-        """A new sequence for ``prompt`` (hashed here, once). Raises ``ValueError`` if it can never fit."""
+    def sequence(
+        self,
+        model: str,
+        prompt: bytes,
+        output_tokens: int,
+        now: float,
+        answer: tuple[bytes, Seq[str]] | None = None,
+    ) -> Sequence:
+        """A new sequence for ``prompt`` (hashed here, once). Raises ``ValueError`` if it can never fit.
+        ``answer``: the answer's packed token ids and their texts, when the prompt is token ids."""
         tokens = tokens_in(prompt)
         if self._blocks_for(tokens + output_tokens) > self.config.cache_blocks:
             raise ValueError(
@@ -248,9 +324,11 @@ class Engine:
             prompt=prompt,
             prompt_tokens=tokens,
             output_tokens=output_tokens,
-            answer=answer_text(prompt, output_tokens),
+            answer=answer_text(prompt, output_tokens) if answer is None else "",
             hashes=self._chain(b"", prompt, 0, len(prompt) // self.block_bytes),
             arrival=now,
+            pieces=answer[1] if answer is not None else None,
+            answer_ids=answer[0] if answer is not None else b"",
         )
 
     def submit(self, seq: Sequence) -> None:
@@ -318,7 +396,7 @@ class Engine:
             seq.prefilled += give
             stats.prefilled_tokens += give
             if seq.prefilled == seq.prompt_tokens:
-                self._register(seq, seq.hashes[len(seq.held) :])
+                self._register(seq, seq.hashes[len(seq.held) :], seq.prompt)
                 if seq.output_tokens == 0:
                     self._finish(seq)
                     touched.append(seq)
@@ -380,11 +458,15 @@ class Engine:
             for h in seq.hashes[:hits]:
                 self._pin(h)
             seq.held = seq.hashes[:hits]
+            removed = []
             for _ in range(new - free):
                 evicted, _none = self.lru.popitem(last=False)
                 del self.cache[evicted]
                 self.used -= 1
                 self.stats.evictions += 1
+                removed.append(published_hash(evicted))
+            if removed and self.events is not None:
+                self.events.append(BlockRemoved(tuple(removed)))
             seq.private = new
             self.used += new
             seq.cached_tokens = seq.prefilled = hits * config.block_tokens
@@ -399,23 +481,46 @@ class Engine:
             del self.lru[h]
         self.cache[h] = count + 1
 
-    def _register(self, seq: Sequence, hashes: Iterable[bytes]) -> None:
-        """Put ``seq``'s newly computed full blocks in the cache, pinned by it."""
+    def _register(self, seq: Sequence, hashes: Seq[bytes], data: bytes) -> None:
+        """Put ``seq``'s newly computed full blocks in the cache, pinned by it: ``hashes`` are those of the
+        blocks of ``data`` that follow the ones it holds."""
+        size = self.block_bytes
+        run: list[bytes] = []  # blocks new to the cache, published as one BlockStored each run
+        run_start = 0
         for h in hashes:
             seq.private -= 1
             if h in self.cache:
                 self._pin(h)  # another sequence computed the same block meanwhile: share it
                 self.used -= 1
+                self._publish_stored(seq, run, run_start, data, size)
+                run = []
             else:
                 self.cache[h] = 1
+                if not run:
+                    run_start = len(seq.held)
+                run.append(h)
             seq.held.append(h)
+        self._publish_stored(seq, run, run_start, data, size)
+
+    def _publish_stored(self, seq: Sequence, run: list[bytes], start: int, data: bytes, size: int) -> None:
+        if not run or self.events is None:
+            return
+        piece = data[start * size : (start + len(run)) * size]
+        self.events.append(
+            BlockStored(
+                tuple(published_hash(h) for h in run),
+                published_hash(seq.held[start - 1]) if start > 0 else None,
+                struct.unpack(f"<{len(piece) // 4}I", piece),
+                self.config.block_tokens,
+            )
+        )
 
     def _finish(self, seq: Sequence) -> None:
         full = (len(seq.prompt) + seq.generated * BYTES_PER_TOKEN) // self.block_bytes
         start = len(seq.hashes)
         if full > start:
-            data = seq.prompt + seq.answer[: seq.generated * BYTES_PER_TOKEN].encode()
-            self._register(seq, self._chain(seq.hashes[-1] if seq.hashes else b"", data, start, full))
+            data = seq.prompt + seq.generated_data()
+            self._register(seq, self._chain(seq.hashes[-1] if seq.hashes else b"", data, start, full), data)
         seq.state = State.FINISHED
         self.stats.success += 1
         self._release(seq)

@@ -6,27 +6,69 @@ whose sequence progressed. ``Frames`` builds a request's SSE events and whole bo
 concatenates a prebuilt head and tail around the piece. ``metrics_text`` renders the engine's state as
 vLLM's Prometheus series.
 
-I/O: sleeps on the running loop and resolves futures the request handlers await; nothing else.
+``KVEventPublisher`` sends the engine's KV events as vLLM does (``--sim-kv-events``): a ZeroMQ PUB socket
+bound to the endpoint, one message ``[topic, sequence, batch]`` per step that changed the cache.
+
+I/O: sleeps on the running loop and resolves futures the request handlers await; the publisher's socket
+sends without blocking (ZeroMQ queues, and drops past its high-water mark, as vLLM's would).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import orjson
+import zmq
 
 from gateway.mockengine import sim
 from gateway.mockengine.responses import DONE
+from gateway.protocol.kv_events import EventBatch, encode_message
 
-__all__ = ["Frames", "StepLoop", "metrics_text", "stats_json"]
+__all__ = ["Frames", "KVEventPublisher", "StepLoop", "metrics_text", "stats_json"]
+
+
+class KVEventPublisher:
+    """vLLM's ``ZmqEventPublisher`` without its replay socket: PUB bound to ``endpoint``."""
+
+    def __init__(self, endpoint: str, topic: str = "") -> None:
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PUB)
+        self._socket.setsockopt(zmq.SNDHWM, 100_000)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(endpoint)
+        self._topic = topic.encode()
+        self.sequence = 0
+        self.sent = 0
+
+    def publish(self, events: list[Any]) -> None:
+        if not events:
+            return
+        frames = encode_message(self._topic, self.sequence, EventBatch(time.time(), tuple(events), 0))
+        self.sequence += 1
+        try:
+            self._socket.send_multipart(frames, flags=zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.Again:  # past the high-water mark: lost, as the subscriber's sequence check will see
+            pass
+
+    def close(self) -> None:
+        self._socket.close(0)
+        self._context.term()
 
 
 class StepLoop:
-    def __init__(self, engine: sim.Engine) -> None:
+    def __init__(self, engine: sim.Engine, publisher: KVEventPublisher | None = None) -> None:
         self.engine = engine
+        self.publisher = publisher
         self._task: asyncio.Task[None] | None = None
+
+    def flush(self) -> None:
+        """Publish the KV events the engine recorded since the last flush."""
+        if self.publisher is not None:
+            self.publisher.publish(self.engine.take_events())
 
     def submit(self, seq: sim.Sequence) -> None:
         self.engine.submit(seq)
@@ -40,8 +82,11 @@ class StepLoop:
         loop = asyncio.get_running_loop()
         engine = self.engine
         while (step := engine.plan()) is not None:
+            self.flush()  # admission's evictions
             await asyncio.sleep(step.duration)
-            for seq in engine.commit(step, loop.time()):
+            touched = engine.commit(step, loop.time())
+            self.flush()
+            for seq in touched:
                 listener = seq.listener
                 if listener is not None and not listener.done():
                     listener.set_result(None)
@@ -129,7 +174,7 @@ class Frames:
         return b"".join(out)
 
     def whole(self, seq: sim.Sequence) -> bytes:
-        text = seq.answer[: seq.generated * sim.BYTES_PER_TOKEN]
+        text = seq.text()
         if self.chat:
             message = {"role": "assistant", "content": text, "tool_calls": []}
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None}

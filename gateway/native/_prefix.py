@@ -1,6 +1,7 @@
 """``PrefixIndex``: chained hashes of a prompt's blocks, and which backend was sent which of them, in a
 bounded region a host's proxy workers share (``native/prefix_index.c``). What prefix-cache-aware routing
-reads and writes. I/O: none."""
+reads and writes. The same table holds the exact pairs a host's control slot mirrors from engines' KV
+events (``pinned``, removed by ``forget`` and ``forget_target``). I/O: none."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class IndexStats(NamedTuple):
     inserts: int  # insert calls: requests whose blocks were noted
     pairs: int  # (block, backend) pairs noted or refreshed
     evictions: int  # pairs pushed out of a full set
+    exact: int  # routing decisions that took the chosen target's prefix from exact pairs
+    exact_held: int  # of those, the ones where the exact pairs held at least one block
 
 
 class Blocks:
@@ -38,6 +41,22 @@ class Blocks:
     def __init__(self, hashes: Any, count: int) -> None:
         self.hashes = hashes
         self.count = count
+
+    @classmethod
+    def of(cls, hashes: list[int]) -> Blocks:
+        """Hashes an index gave before (kept as ints), to ``forget`` them."""
+        return cls(_ffi.new("uint64_t[]", hashes or [0]), len(hashes))
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < self.count:
+            raise IndexError(i)
+        value: int = self.hashes[i]
+        return value
+
+    def values(self, start: int = 0, end: int | None = None) -> list[int]:
+        """The hashes ``start`` to ``end`` as ints."""
+        end = self.count if end is None else min(end, self.count)
+        return [int(self.hashes[i]) for i in range(start, end)]
 
 
 class PrefixIndex(SharedBuffer):
@@ -52,7 +71,7 @@ class PrefixIndex(SharedBuffer):
         if _lib.gw_pix_entries(self._base, self._size) < 0:
             self.close()
             raise RegionError("region is not an initialised prefix index (or is smaller than it says)")
-        self._out = _ffi.new("uint64_t[3]")
+        self._out = _ffi.new("uint64_t[5]")
 
     @classmethod
     def create_layout(cls, buf: WritableBuffer, entries: int, secret: int) -> PrefixIndex:
@@ -89,6 +108,16 @@ class PrefixIndex(SharedBuffer):
             raise_for(n)
         return Blocks(out, n)
 
+    def blocks_after(self, previous: int, data: bytes, block: int) -> Blocks:
+        """As ``blocks``, the chain continuing after ``previous`` (a hash this index gave) instead of
+        starting at ``data``'s first byte: what a prompt's later blocks hash to."""
+        wanted = min(len(data) // block, MAX_BLOCKS) if block > 0 else 0
+        out = _ffi.new("uint64_t[]", max(1, wanted))
+        n = _lib.gw_pix_hash_after(self._base, self._size, previous, data, len(data), block, out, wanted)
+        if n < 0:
+            raise_for(n)
+        return Blocks(out, n)
+
     def match(self, blocks: Blocks, target: int) -> int:
         """How many leading ``blocks`` the index holds for ``target``."""
         n: int = _lib.gw_pix_match(self._base, self._size, blocks.hashes, blocks.count, target)
@@ -96,12 +125,36 @@ class PrefixIndex(SharedBuffer):
             raise_for(n)
         return n
 
-    def insert(self, blocks: Blocks, target: int) -> int:
-        """Note that ``target`` was sent ``blocks``; the number of older pairs that made room."""
-        n: int = _lib.gw_pix_insert(self._base, self._size, blocks.hashes, blocks.count, target)
+    def insert(self, blocks: Blocks, target: int, pinned: bool = False) -> int:
+        """Note that ``target`` was sent ``blocks`` (``pinned``: that its engine holds them, which the
+        noting of prompts sent does not push out); the number of older pairs that made room."""
+        n: int = _lib.gw_pix_insert_pinned(
+            self._base, self._size, blocks.hashes, blocks.count, target, int(pinned)
+        )
         if n < 0:
             raise_for(n)
         return n
+
+    def forget(self, blocks: Blocks, target: int) -> int:
+        """Remove the pairs of ``blocks`` and ``target``; how many the index held."""
+        n: int = _lib.gw_pix_forget(self._base, self._size, blocks.hashes, blocks.count, target)
+        if n < 0:
+            raise_for(n)
+        return n
+
+    def forget_target(self, target: int) -> int:
+        """Remove every pair of ``target`` (a scan of the table: for an engine that lost its cache, not for
+        the request path); how many."""
+        n: int = _lib.gw_pix_forget_target(self._base, self._size, target)
+        if n < 0:
+            raise_for(n)
+        return n
+
+    def count_exact(self, held: bool) -> None:
+        """Count a routing decision that took its prefix from exact pairs (``held``: they held a block)."""
+        rc = _lib.gw_pix_count_exact(self._base, self._size, int(held))
+        if rc < 0:
+            raise_for(rc)
 
     def held(self, target: int) -> int:
         """How many (block, ``target``) pairs the index holds now: what it believes ``target``'s engine
@@ -116,4 +169,4 @@ class PrefixIndex(SharedBuffer):
         rc = _lib.gw_pix_stats(self._base, self._size, out)
         if rc < 0:
             raise_for(rc)
-        return IndexStats(int(out[0]), int(out[1]), int(out[2]))
+        return IndexStats(int(out[0]), int(out[1]), int(out[2]), int(out[3]), int(out[4]))

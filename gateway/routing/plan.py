@@ -13,7 +13,7 @@ target tuple without building anything. No I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.budget import Price
 from gateway.routing.load import Load
@@ -21,6 +21,9 @@ from gateway.routing.policies import CacheTuning, make_policy
 from gateway.routing.pools import Pool, Step
 from gateway.routing.rules import Facts, Rule
 from gateway.routing.targets import Backend, Target
+
+if TYPE_CHECKING:
+    from gateway.routing.chat_tokenizer import ChatTokenizer
 
 __all__ = ["MAX_DELEGATIONS", "Decision", "Pool", "Route", "Step", "compile_pools", "compile_rules", "decide"]
 
@@ -103,9 +106,20 @@ def compile_pools(
             int(p.get("prefix_bytes") or 512),
             p.get("max_inflight"),
             CacheTuning(**(p.get("cache") or {})),
+            _tokenizer(p.get("tokenizer")),
         )
         pools[name] = Pool(name, policy)
     return pools
+
+
+def _tokenizer(directory: object) -> ChatTokenizer | None:
+    """A pool's tokenizer, read as the snapshot is compiled (once per model directory and version of its
+    files); imported only then, so that workers without such a pool never load jinja2 and tokenizers."""
+    if not isinstance(directory, str):
+        return None
+    from gateway.routing.chat_tokenizer import loaded
+
+    return loaded(directory)
 
 
 def compile_rules(

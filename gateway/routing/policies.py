@@ -23,6 +23,13 @@ the fallback the forwarder walks if the first fails.
   ``balance_rel`` times it goes after every target that is not. Cheapest first; equal costs to the target
   the index holds least for (the most room in its engine's cache, the same in every worker), then in turn.
   The chosen target's blocks are then noted in the index.
+  With a ``tokenizer`` (a model directory), a target whose backend publishes KV events (``kv_events``)
+  is matched against the exact pairs instead: what its engine said it caches, mirrored by the host's
+  control slot (``gateway.routing.kv_mirror``), looked up with the prompt's token ids as the engine
+  tokenizes them (``gateway.routing.chat_tokenizer``). Its matched tokens count as the same share of the
+  rendered prompt's bytes (``size * matched_tokens / prompt_tokens``), so that the cost stays in one unit
+  across targets read from either side. A body the tokenizer cannot read falls back to the approximate
+  pairs for every target.
 
 State (rotation counters, weights' credit) is per worker and per snapshot generation. No I/O here.
 """
@@ -35,10 +42,12 @@ from typing import TYPE_CHECKING
 
 from blake3 import blake3
 
+from gateway.routing.kv_mirror import BLOCK_TOKENS, exact_key, prompt_blocks
 from gateway.routing.load import EngineState, Load
 from gateway.routing.prompt_prefix import rendered_prompt
 
 if TYPE_CHECKING:
+    from gateway.routing.chat_tokenizer import ChatTokenizer
     from gateway.routing.targets import Target
 
 __all__ = ["POLICIES", "CacheTuning", "Policy", "backend_hash", "engine_load", "make_policy", "target_hash"]
@@ -213,12 +222,23 @@ def _epoch_key(key: int, state: EngineState | None) -> int:
 
 
 class CacheAware(Policy):
-    __slots__ = ("keys", "tuning")
+    __slots__ = ("exact_keys", "keys", "tokenizer", "tuning")
 
-    def __init__(self, name: str, targets: tuple[Target, ...], tuning: CacheTuning) -> None:
+    def __init__(
+        self,
+        name: str,
+        targets: tuple[Target, ...],
+        tuning: CacheTuning,
+        tokenizer: ChatTokenizer | None = None,
+    ) -> None:
         super().__init__(name, targets)
         self.tuning = tuning
         self.keys = tuple(target_hash(t) for t in targets)
+        # Per target, the key of its backend's exact pairs; 0: read the approximate ones.
+        self.exact_keys = tuple(
+            exact_key(t.backend.name) if tokenizer is not None and t.backend.kv_events else 0 for t in targets
+        )
+        self.tokenizer = tokenizer if any(self.exact_keys) else None
 
     def order(self, body: bytes, load: Load) -> tuple[Target, ...]:
         targets, tuning = self.targets, self.tuning
@@ -236,9 +256,19 @@ class CacheAware(Policy):
         hot_above = max(low + tuning.balance_abs, low * tuning.balance_rel)
         size = len(prompt)
         matched = [0] * n
+        exact = None
+        tokenized = self.tokenizer.request_prompt(body) if self.tokenizer and blocks is not None else None
+        if tokenized is not None and tokenized.ids and index is not None:
+            exact = prompt_blocks(index, tokenized.ids)
+            # bytes of the rendered prompt per matched token: its share of the prompt, in the same unit
+            per_token = size * tokenized.share / len(tokenized.ids)
+        exact_keys = self.exact_keys
         ranks = []
         for i in range(n):
-            if index is not None and blocks is not None:
+            if exact is not None and exact_keys[i]:
+                assert index is not None
+                matched[i] = min(size, int(index.match(exact, exact_keys[i]) * BLOCK_TOKENS * per_token))
+            elif index is not None and blocks is not None:
                 matched[i] = index.match(blocks, keys[i]) * block
             cost = size - matched[i] + tuning.load_cost * loads[i]
             # Equal costs (often: a prompt no target holds, equal loads) go where the index holds least,
@@ -250,6 +280,8 @@ class CacheAware(Policy):
         if index is not None and blocks is not None and usable[best]:
             if blocks.count:
                 index.insert(blocks, keys[best])
+            if exact is not None and exact_keys[best]:
+                index.count_exact(matched[best] > 0)
             load.note_prefix(targets[best].backend.name, size, matched[best])
         return tuple(targets[i] for i in order)
 
@@ -261,6 +293,7 @@ def make_policy(
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     max_inflight: int | None = None,
     tuning: CacheTuning | None = None,
+    tokenizer: ChatTokenizer | None = None,
 ) -> Policy:
     if not targets:
         raise ValueError("a policy needs at least one target")
@@ -275,5 +308,5 @@ def make_policy(
     if name == "engine_load":
         return EngineLoad(name, targets)
     if name == "cache_aware":
-        return CacheAware(name, targets, tuning or CacheTuning())
+        return CacheAware(name, targets, tuning or CacheTuning(), tokenizer)
     raise ValueError(f"unknown policy {name!r}")

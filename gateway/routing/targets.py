@@ -38,6 +38,9 @@ class Backend:
     # An OpenAI backend that serves /v1/responses itself (vLLM does): Responses API requests go to it
     # verbatim; otherwise the gateway translates them to chat completions (gateway.dataplane.dialects).
     responses_api: bool = False
+    # The engine's KV-event publisher (tcp://host:port): the host's control slot mirrors what it caches into
+    # the prefix index's exact pairs (gateway.routing.kv_mirror); None: routing reads the approximate ones.
+    kv_events: str | None = None
     # A credential pool: the API keys tried in turn instead of ``api_key`` (gateway.dataplane.credentials).
     credentials: tuple[Credential, ...] = ()
 
@@ -89,6 +92,7 @@ def decode_backends(doc: dict[str, Any]) -> dict[str, Backend]:
             reserved_places=int(b.get("reserved_places", 0)),
             health_path=b.get("health_path"),
             responses_api=b.get("responses_api") is True,
+            kv_events=b["kv_events"] if isinstance(b.get("kv_events"), str) else None,
             credentials=tuple(Credential.from_doc(name, c) for c in b.get("credentials") or ()),
         )
         for name, b in doc.get("backends", {}).items()

@@ -6,6 +6,7 @@ as the engine's own ``cached_tokens`` says."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,9 @@ def config(urls: list[str]) -> str:
         '[[models]]\nname = "chat"\nchain = ["pm-a"]\n\n[[models.rules]]\nroute = ["kv"]\n\n'
         '[[pools]]\nname = "kv"\npolicy = "cache_aware"\nmembers = ["pm-a", "pm-b"]\n\n'
         '[[roles]]\nname = "user"\npermissions = ["model/*"]\n\n'
-        '[[principals]]\nname = "alice"\nroles = ["user"]\n'
+        '[[roles]]\nname = "ops"\npermissions = ["config:read"]\n\n'
+        '[[principals]]\nname = "alice"\nroles = ["user"]\n\n'
+        '[[principals]]\nname = "ops"\nroles = ["ops"]\n'
     )
 
 
@@ -63,7 +66,7 @@ def test_a_restarted_engine_holds_nothing_of_what_it_was_sent(tmp_path: Path) ->
         extra=("--admin-port", str(admin_port), "--engine-scrape-interval", "0.2"),
     )
     try:
-        key = gw.create_key("alice")
+        key, ops = gw.create_key("alice"), gw.create_key("ops")
         gw.wait_key_live(key)
         history: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
 
@@ -95,6 +98,21 @@ def test_a_restarted_engine_holds_nothing_of_what_it_was_sent(tmp_path: Path) ->
         engines[held].stop()
         engines[held] = MockEngine(tmp_path, *SIM, port=engines[held].port)
         wait_until(lambda: "restarted" in gw.log.read_text(), what="the scraper seeing the restart")
+        # The scraper logs the restart as it reads the engine and publishes its document at the end of
+        # the round; the dry run reads that document, the worker its copy every 0.1 s.
+        follow_up = {"messages": [*history, {"role": "user", "content": "Who keeps them lit today?"}]}
+
+        def expected_now() -> int:
+            resp = httpx.post(
+                admin + "/admin/routing/dry-run",
+                headers={"authorization": f"Bearer {ops}"},
+                json={"model": "chat", "body": follow_up},
+                timeout=5,
+            )
+            return int(resp.json()["prefix"]["matched_bytes"])
+
+        wait_until(lambda: expected_now() == 0, what="the engine document's new epoch")
+        time.sleep(0.5)  # five of the worker's polls of the engine document
 
         third = ask("Who keeps them lit today?")
         after = published(admin, 3)

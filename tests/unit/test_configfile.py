@@ -453,6 +453,26 @@ ERRORS: list[tuple[str, Mutation, str]] = [
         "backends[1].responses_api: only an openai backend can serve the Responses API itself",
     ),
     (
+        "kv_events not an endpoint",
+        _set("backends[0].kv_events", "http://127.0.0.1:5557"),
+        "backends[0].kv_events: must be a ZeroMQ endpoint to connect to, tcp://HOST:PORT",
+    ),
+    (
+        "kv_events a wildcard to bind",
+        _set("backends[0].kv_events", "tcp://*:5557"),
+        "backends[0].kv_events: must be a ZeroMQ endpoint to connect to",
+    ),
+    (
+        "kv_events port out of range",
+        _set("backends[0].kv_events", "tcp://127.0.0.1:70000"),
+        "backends[0].kv_events: must be a ZeroMQ endpoint to connect to",
+    ),
+    (
+        "kv_events on an anthropic backend",
+        _set("backends[1].kv_events", "tcp://10.0.0.1:5557"),
+        "backends[1].kv_events: only an openai backend (a vLLM engine) publishes KV events",
+    ),
+    (
         "budget unknown field",
         _set("principals[0].budget", {"tokens": 1, "requests": 5}),
         "principals[0].budget.requests: unknown field (expected one of: alerts, cost, period, tokens)",
@@ -621,7 +641,7 @@ def test_example_file_loads() -> None:
 def test_dump_then_parse_round_trips() -> None:
     doc = load_config(EXAMPLE)
     weird = BackendSpec('q"uo\\te', "http://h", api_key="line\nbreak\x01\x7f", read_timeout=0.5)
-    native = BackendSpec("native", "http://n", responses_api=True)
+    native = BackendSpec("native", "http://n", responses_api=True, kv_events="tcp://[::1]:5557")
     # Model names that need quoting as TOML keys, and every combination of limit fields.
     limited = PrincipalSpec(
         "limited",

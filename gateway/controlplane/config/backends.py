@@ -51,6 +51,20 @@ _CREDENTIAL_FIELDS = (
 MAX_CREDENTIALS = 64
 
 
+_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})")
+
+
+def _check_endpoint(value: Any) -> str | None:
+    """A problem with a ZeroMQ endpoint the gateway connects to, or None."""
+    why = "must be a ZeroMQ endpoint to connect to, tcp://HOST:PORT (as the engine's --kv-events-config)"
+    if not isinstance(value, str):
+        return why
+    match = _ENDPOINT.fullmatch(value)
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        return why
+    return None
+
+
 def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec | None:
     p.unknown_fields(place, item, _BACKEND_FIELDS)
     ok = True
@@ -130,6 +144,13 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
     elif responses_api is True and protocol != "openai":
         p.add(f"{place}.responses_api", "only an openai backend can serve the Responses API itself")
         ok = False
+    kv_events = item.get("kv_events")
+    if kv_events is not None and (problem := _check_endpoint(kv_events)):
+        p.add(f"{place}.kv_events", problem)
+        ok = False
+    elif kv_events is not None and protocol != "openai":
+        p.add(f"{place}.kv_events", "only an openai backend (a vLLM engine) publishes KV events")
+        ok = False
     if not ok or name is None or None in timeouts:
         return None
     connect, first_byte, read = (t for t in timeouts if t is not None)
@@ -151,6 +172,7 @@ def parse_backend(p: Problems, place: str, item: dict[str, Any]) -> BackendSpec 
         health_path=health_path,
         api_key_file=api_key_file,
         responses_api=responses_api,
+        kv_events=kv_events,
     )
     if "credentials" not in item:
         return spec

@@ -13,7 +13,8 @@ store as JSON rows, ``writer.dump_config`` writes them back as TOML from the spe
     weights = [3, 1]                   # weighted only
     prefix_bytes = 512                 # prefix_affinity only: how much of the body is hashed
     max_inflight = 32                  # prefix_affinity only: past it, the least-loaded member goes first
-    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 32, balance_rel = 1.5
+    # cache_aware only: block_bytes = 64, load_cost = 1024, balance_abs = 32, balance_rel = 1.5,
+    # tokenizer = "/models/llama" (with backends' kv_events: the engines' exact KV caches)
 
     [[models.rules]]                   # under a [[models]] table; terminal, first match wins
     name = "free streams"
@@ -255,7 +256,9 @@ def _rule(p: Problems, place: str, item: Any) -> RuleSpec | None:
 
 def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None:
     p.unknown_fields(
-        place, item, ("name", "policy", "members", "weights", "prefix_bytes", "max_inflight", *_CACHE_FIELDS)
+        place,
+        item,
+        ("name", "policy", "members", "weights", "prefix_bytes", "max_inflight", "tokenizer", *_CACHE_FIELDS),
     )
     name = item.get("name")
     if not isinstance(name, str) or not name:
@@ -317,9 +320,19 @@ def parse_pool(p: Problems, place: str, item: dict[str, Any]) -> PoolSpec | None
             ok = False
         else:
             cache.append((key, value))
+    tokenizer = item.get("tokenizer")
+    if tokenizer is not None:
+        if policy != "cache_aware":
+            p.add(f"{place}.tokenizer", 'only a "cache_aware" pool has it')
+            ok = False
+        elif not isinstance(tokenizer, str) or not tokenizer.startswith("/") or "\x00" in tokenizer:
+            p.add(f"{place}.tokenizer", "must be the absolute path of a model directory (tokenizer.json)")
+            ok = False
     if not ok:
         return None
-    return PoolSpec(name, policy, tuple(members), weights, prefix_bytes, max_inflight, tuple(cache))
+    return PoolSpec(
+        name, policy, tuple(members), weights, prefix_bytes, max_inflight, tuple(cache), tokenizer
+    )
 
 
 # cache_aware's knobs and their ranges (defaults: gateway.routing.policies.CacheTuning)

@@ -53,6 +53,7 @@ BACKEND_FLOW_FIELDS = (
     "reserved_places",
     "health_path",
     "responses_api",
+    "kv_events",
 )
 # A pool credential's row (never a [[backends]] field): its backend, its quota and its cool-down.
 CREDENTIAL_ROW_FIELDS = ("credential_of", "requests_per_minute", "tokens_per_minute", "cool_down")
@@ -79,6 +80,7 @@ class BackendSpec:
     # The credential read from this file (its content, stripped) when the store applies the document.
     api_key_file: str | None = None
     responses_api: bool | None = None  # true: serves /v1/responses itself (openai backends only)
+    kv_events: str | None = None  # the engine's KV-event publisher, tcp://host:port (openai backends only)
     # A credential of a pool (``[[backends.credentials]]``): stored as a backend row of its own, named
     # ``BACKEND/CREDENTIAL``, so that it is sealed, rotated and opened like every backend's credential; the
     # snapshot folds it into its backend. Its URL, protocol and timeouts are its backend's.
@@ -226,6 +228,7 @@ class PoolSpec:
     max_inflight: int | None = None
     # cache_aware only, each None for its default (gateway.routing.policies.CacheTuning)
     cache: tuple[tuple[str, int | float], ...] = ()
+    tokenizer: str | None = None  # cache_aware only: a model directory whose tokens the engines cache
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "policy": self.policy, "members": list(self.members)}
@@ -236,6 +239,8 @@ class PoolSpec:
         if self.max_inflight is not None:
             out["max_inflight"] = self.max_inflight
         out.update(self.cache)
+        if self.tokenizer is not None:
+            out["tokenizer"] = self.tokenizer
         return out
 
 

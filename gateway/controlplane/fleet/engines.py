@@ -21,10 +21,14 @@ sits at or above ``waiting_high_water``, and grows by one each round it is below
 ``max_concurrency`` — additive increase, multiplicative decrease, so the engine's own queue stays short
 and the surplus waits in the proxy, where it can be refused early.
 
+KV-cache events: the backends with ``kv_events`` are subscribed to on the same loop
+(``gateway.controlplane.fleet.kv_events``), which keeps their exact pairs in the host's prefix index; each
+round puts the subscriptions' counts in the backend's line (``"kv_events"``).
+
 It runs in a thread of the host's control slot with its own event loop, so that a slow backend never
 delays snapshot publication or usage draining. Each scrape or probe has ``PROBE_TIMEOUT`` in all
 (``outbound.call``): a backend that dribbles its answer fails the probe instead of holding the round. I/O:
-HTTP to the backends, the shared segments.
+HTTP to the backends, ZeroMQ subscriptions to their KV events, the shared segments.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import httpx
 import orjson
 
 from gateway.controlplane import outbound
+from gateway.controlplane.fleet.kv_events import KVEventFollower
 from gateway.native import Blocks, BucketTable, PrefixIndex
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import StaticLoad, engine_states
@@ -145,6 +150,9 @@ class EngineScraper:
         # the thread setting them up, so a stop that comes first is seen by the loop's own check.
         self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._lock = threading.Lock()
+        self._prefix = shared.prefix
+        # Made on the thread's loop by the first round that finds a backend with kv_events.
+        self.kv: KVEventFollower | None = None
 
     def start(self) -> EngineScraper:
         self._thread = threading.Thread(target=self._main, name="engine-scraper", daemon=True)
@@ -174,18 +182,22 @@ class EngineScraper:
         wake = asyncio.Event()
         with self._lock:
             self._wake = (asyncio.get_running_loop(), wake)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT), trust_env=False) as client:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                try:
-                    await self.round(client)
-                except Exception:  # a bug here must not stop routing's view from refreshing next round
-                    log.exception("engine scrape round failed")
-                pause = max(0.05, self.interval - (time.monotonic() - started))
-                try:
-                    await asyncio.wait_for(wake.wait(), pause)
-                except TimeoutError:
-                    pass
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(PROBE_TIMEOUT), trust_env=False) as client:
+                while not self._stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        await self.round(client)
+                    except Exception:  # a bug here must not stop routing's view from refreshing next round
+                        log.exception("engine scrape round failed")
+                    pause = max(0.05, self.interval - (time.monotonic() - started))
+                    try:
+                        await asyncio.wait_for(wake.wait(), pause)
+                    except TimeoutError:
+                        pass
+        finally:
+            if self.kv is not None:
+                await self.kv.aclose()
 
     def backends(self) -> dict[str, Backend]:
         """The published snapshot's backends; only that part of a new generation is decoded (its keys,
@@ -205,8 +217,17 @@ class EngineScraper:
         backends = self.backends()
         for gone in set(self.watches) - set(backends):
             del self.watches[gone]
+        if self.kv is None and self._prefix is not None and any(b.kv_events for b in backends.values()):
+            self.kv = KVEventFollower(PrefixIndex(self._prefix))
+        if self.kv is not None:
+            self.kv.follow(backends)
         await asyncio.gather(*(self.watch(client, b) for b in backends.values()))
-        doc = {"at": time.time(), "backends": {n: w.as_doc() for n, w in self.watches.items()}}
+        lines = {n: w.as_doc() for n, w in self.watches.items()}
+        if self.kv is not None:
+            for name, counts in self.kv.counts().items():
+                if name in lines:
+                    lines[name]["kv_events"] = counts
+        doc = {"at": time.time(), "backends": lines}
         if not self.stats.write(self.stats.engine_slot, orjson.dumps(doc)):
             log.error("engine document of %d backends does not fit its slot", len(self.watches))
 
@@ -265,8 +286,11 @@ class PeekedIndex(PrefixIndex):
 
     __slots__ = ()
 
-    def insert(self, blocks: Blocks, target: int) -> int:
+    def insert(self, blocks: Blocks, target: int, pinned: bool = False) -> int:
         return 0
+
+    def count_exact(self, held: bool) -> None:
+        return None  # a dry run is not a decision the host made
 
 
 def host_load(shared: SharedRegions, backends: list[str]) -> StaticLoad:

@@ -183,6 +183,8 @@ def _add_engines(stats: WorkerStats, backends: dict[str, dict[str, Any]], table:
         )
         entry["healthy"] = line.get("healthy") is not False
         entry["probe_error"] = line.get("error")
+        if line.get("kv_events"):  # the host's subscription to the engine's KV events (fleet.kv_events)
+            entry["kv_events"] = line["kv_events"]
 
 
 def traffic_totals(shared: SharedRegions) -> dict[tuple[int, int], dict[str, int]]:

@@ -253,6 +253,7 @@ class Metrics:
                 label = f'{{backend="{_escape(name)}"}}'
                 out.append(f"gateway_backend_prefix_bytes_total{label} {b['prefix_bytes']}")
                 out.append(f"gateway_backend_prefix_matched_bytes_total{label} {b['prefix_matched_bytes']}")
+        _render_kv_events(host, out, family)
         index = host.get("prefix_index")
         if index:
             family(
@@ -266,6 +267,19 @@ class Metrics:
                 "gateway_prefix_index_pairs_total", "counter", "(block, backend) pairs noted or refreshed."
             )
             out.append(f"gateway_prefix_index_pairs_total {index['pairs']}")
+            family(
+                "gateway_prefix_exact_decisions_total",
+                "counter",
+                "cache_aware decisions whose chosen backend's prefix came from its engine's KV events "
+                "(the exact pairs) rather than from what it was sent.",
+            )
+            out.append(f"gateway_prefix_exact_decisions_total {index.get('exact', 0)}")
+            family(
+                "gateway_prefix_exact_matches_total",
+                "counter",
+                "Of those, the decisions where the engine's KV events said it held at least one block.",
+            )
+            out.append(f"gateway_prefix_exact_matches_total {index.get('exact_held', 0)}")
         family("gateway_worker_restarts_total", "counter", "Times the supervisor restarted each worker.")
         for w in host.get("supervisor", {}).get("workers", []):
             worker = _escape(str(w.get("name")))
@@ -280,6 +294,44 @@ class Metrics:
         family("gateway_usage_pending", "gauge", "Usage records waiting to reach the store from this host.")
         out.append(f"gateway_usage_pending {host.get('usage_pending', 0)}")
         return "\n".join(out) + "\n"
+
+
+def _render_kv_events(host: dict[str, Any], out: list[str], family: Callable[[str, str, str], None]) -> None:
+    """The host's subscriptions to its engines' KV events (``controlplane.fleet.kv_events``), by backend."""
+    subscribed = {n: b["kv_events"] for n, b in host.get("backends", {}).items() if b.get("kv_events")}
+    if not subscribed:
+        return
+    series = (
+        ("gateway_backend_kv_event_batches_total", "counter", "batches", "KV-event batches received."),
+        (
+            "gateway_backend_kv_events_total",
+            "counter",
+            "events",
+            "KV events applied (stored, removed, cleared).",
+        ),
+        (
+            "gateway_backend_kv_event_gaps_total",
+            "counter",
+            "gaps",
+            "Sequence gaps, restarts and undecodable batches: each forgot the backend's exact pairs.",
+        ),
+        (
+            "gateway_backend_kv_blocks",
+            "gauge",
+            "blocks",
+            "Engine blocks the exact pairs hold for the backend.",
+        ),
+        (
+            "gateway_backend_kv_events_connected",
+            "gauge",
+            "connected",
+            "1 while the subscription is connected.",
+        ),
+    )
+    for name, kind, key, help_text in series:
+        family(name, kind, help_text)
+        for backend, counts in sorted(subscribed.items()):
+            out.append(f'{name}{{backend="{_escape(backend)}"}} {int(counts.get(key) or 0)}')
 
 
 def _render_flow(host: dict[str, Any], out: list[str], family: Callable[[str, str, str], None]) -> None:

@@ -1,0 +1,113 @@
+"""A pool's tokenizer (``gateway.routing.chat_tokenizer``): a model directory's chat template rendered over
+a request's messages and encoded without added special tokens, as vLLM does, over a tiny tokenizer
+trained in the test (no network)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from tokenizers import Tokenizer
+
+from gateway.routing.chat_tokenizer import ChatTokenizer, TokenizerError, loaded
+from tests.fixtures.tiny_tokenizer import write_tiny_model
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    return write_tiny_model(tmp_path / "tiny")
+
+
+def test_the_template_renders_as_transformers_would_and_encodes_without_added_tokens(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who built Harlech?"}]
+    text = tok.render(messages)
+    assert text == (
+        "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho built Harlech?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    raw = Tokenizer.from_file(str(model / "tokenizer.json"))
+    assert tok.chat_ids(messages) == raw.encode(text, add_special_tokens=False).ids
+    assert tok.chat_ids(messages)[0] == raw.token_to_id("<s>")  # the template's, written once
+
+
+def test_request_bodies_give_the_engines_prompt_ids(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    chat = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": parts}], "stream": True})
+    assert tok.request_ids(chat) == tok.chat_ids([{"role": "user", "content": "a\nb"}])
+    anthropic = orjson.dumps({"system": "Be brief.", "messages": [{"role": "user", "content": "hi"}]})
+    assert tok.request_ids(anthropic) == tok.chat_ids(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    )
+    assert tok.request_ids(orjson.dumps({"prompt": "Harlech"})) == tok.encode("Harlech")
+    image = [{"type": "image_url", "image_url": {"url": "data:"}}]
+    assert tok.request_ids(orjson.dumps({"messages": [{"role": "user", "content": image}]})) is None
+    assert tok.request_ids(b"not json") is None and tok.request_ids(b"[1]") is None
+
+
+def test_a_directory_without_a_template_is_refused_and_loading_is_cached(model: Path, tmp_path: Path) -> None:
+    assert loaded(str(model)) is loaded(str(model))
+    bare = tmp_path / "bare"
+    write_tiny_model(bare)
+    (bare / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(TokenizerError, match="no chat_template"):
+        ChatTokenizer.load(str(bare))
+    assert loaded(str(bare)) is None and loaded(str(tmp_path / "missing")) is None
+
+
+def test_pieces_between_added_tokens_are_encoded_once_and_as_the_whole_would_be(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    raw = Tokenizer.from_file(str(model / "tokenizer.json"))
+    history = [{"role": "system", "content": "You answer questions about castles. " * 20}]
+    for turn in range(4):
+        history.append({"role": "user", "content": f"Question {turn}: who built the walls of tower {turn}?"})
+        text = tok.render(history)
+        assert tok.chat_ids(history) == raw.encode(text, add_special_tokens=False).ids
+        history.append({"role": "assistant", "content": f"  Edward, in {1280 + turn}.\n\n"})
+    # Each message is one piece between added tokens: the system prompt was encoded once.
+    assert sum(1 for piece in tok._segments if piece.startswith("system")) == 1
+
+
+def test_added_tokens_that_strip_whitespace_turn_piecewise_encoding_off(model: Path, tmp_path: Path) -> None:
+    doc = orjson.loads((model / "tokenizer.json").read_bytes())
+    for token in doc["added_tokens"]:
+        token["lstrip"] = True
+    other = tmp_path / "strip"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
+    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    tok = ChatTokenizer.load(str(other))
+    text = tok.render([{"role": "user", "content": "hi  "}])
+    assert tok._split is None
+    assert (
+        tok.encode(text)
+        == Tokenizer.from_file(str(other / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    )
+
+
+def test_a_long_prompt_is_encoded_up_to_the_limit_less_a_margin(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    messages = [{"role": "user", "content": "Harlech was built by Edward. " * 400}]
+    body = orjson.dumps({"messages": messages})
+    whole = tok.request_prompt(body, limit=1 << 20)
+    cut = tok.request_prompt(body, limit=2000)
+    assert whole is not None and cut is not None and whole.share == 1.0
+    assert 0 < cut.share < 0.2 and len(cut.ids) < len(whole.ids) // 4
+    assert cut.ids == whole.ids[: len(cut.ids)]  # the margin keeps what the cut could change out
+
+
+def test_a_pre_tokenizer_that_treats_the_first_piece_apart_turns_it_off(model: Path, tmp_path: Path) -> None:
+    doc = orjson.loads((model / "tokenizer.json").read_bytes())
+    doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}
+    doc["decoder"] = None
+    other = tmp_path / "metaspace"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
+    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    tok = ChatTokenizer.load(str(other))
+    text = tok.render([{"role": "user", "content": "hi there"}])
+    assert tok._split is None
+    raw = Tokenizer.from_file(str(other / "tokenizer.json"))
+    assert tok.encode(text) == raw.encode(text, add_special_tokens=False).ids
