@@ -273,6 +273,12 @@ def quality(args: argparse.Namespace) -> None:
     )
     rows = []
     with tempfile.TemporaryDirectory(prefix="routing-quality-") as tmp:
+        tokenizer = _tokenizer(args.tokenizer, Path(tmp))
+        if tokenizer:
+            print(
+                f"- engines tokenize with the model directory {args.tokenizer} (its chat template and "
+                "tokenizer.json) and publish their KV events, whichever the router"
+            )
         for load in loads:
             flags, line = rq.plan_cache(workload, load, args.cache_share, sim)
             # Each session sends its next turn a think time after its answer: at most active / think
@@ -284,7 +290,7 @@ def quality(args: argparse.Namespace) -> None:
             for router in args.routers:
                 work = Path(tmp) / f"{load.name}-{router}"
                 work.mkdir()
-                run = rq.run_router(router, workload, load, work, flags)
+                run = rq.run_router(router, workload, load, work, flags, tokenizer=tokenizer)
                 if run.skipped:
                     print(f"  - {router}: skipped, {run.skipped}")
                     continue
@@ -321,6 +327,19 @@ def quality(args: argparse.Namespace) -> None:
         )
     if args.fairness:
         fairness(args, workload, sim)
+
+
+def _tokenizer(wanted: str | None, tmp: Path) -> str | None:
+    """The engines' model directory: ``train`` makes one (a byte-level BPE of 16,384 tokens trained on the
+    repository's docs, as ``perf.micro_tokenize`` does), a path is taken as it is."""
+    if wanted != "train":
+        return wanted
+    from perf.micro_tokenize import ROOT, model_dir
+
+    text = "\n".join(f.read_text() for f in sorted((ROOT / "docs").glob("*.md")))
+    directory = tmp / "model"
+    directory.mkdir()
+    return str(model_dir(directory, text, 16384))
 
 
 def fairness(args: argparse.Namespace, workload: Any, sim: bool) -> None:
@@ -374,7 +393,14 @@ def main() -> None:
         "--routers",
         type=lambda v: [r for r in v.split(",") if r],  # "" for none: the fairness scenario alone
         default=default_routers,
-        help=f"comma-separated: smg and pool policies {POLICIES} (default {','.join(default_routers)})",
+        help=f"comma-separated: smg, {rq.EXACT} (with --tokenizer) and pool policies {POLICIES} "
+        f"(default {','.join(default_routers)})",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        metavar="DIR|train",
+        help="the engines tokenize with this model directory (or one trained on docs/: 'train') and publish "
+        f"KV events; needed by the router {rq.EXACT}",
     )
     parser.add_argument("--fairness", action="store_true", help="add the fairness scenario (gateway only)")
     parser.add_argument("--fairness-rate", type=float, default=2.0, help="tenant B's requests per second")
@@ -389,9 +415,11 @@ def main() -> None:
     parser.add_argument("--flood", type=float, default=5.0, help="tenant A's rate over its fair share")
     parser.add_argument("--quick", action="store_true", help="2 turns a session, 5 s fairness phases")
     args = parser.parse_args()
-    unknown = [r for r in args.routers if r != "smg" and r not in POLICIES]
+    unknown = [r for r in args.routers if r not in ("smg", rq.EXACT) and r not in POLICIES]
     if unknown:
-        parser.error(f"unknown routers {unknown}: smg or one of {POLICIES}")
+        parser.error(f"unknown routers {unknown}: smg, {rq.EXACT} or one of {POLICIES}")
+    if rq.EXACT in args.routers and not args.tokenizer:
+        parser.error(f"{rq.EXACT} needs --tokenizer (a model directory, or 'train')")
     os.environ.setdefault("GATEWAY_EVENT_LOOP", "uvloop")
     if args.quality_only:
         quality(args)

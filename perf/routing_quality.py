@@ -47,11 +47,13 @@ from perf.targets import (
     MockEngineService,
     Service,
     SmgService,
+    free_port,
     machine_cpu_ticks,
 )
 
 __all__ = [
     "ENGINES",
+    "EXACT",
     "Load",
     "RouterRun",
     "fairness",
@@ -131,22 +133,31 @@ def sim_flags(blocks: int) -> list[str]:
 
 
 def gateway_pool_config(
-    urls: Sequence[str], policy: str, tenants: str = "", gate: int = 2, reserve: int = 0
+    urls: Sequence[str],
+    policy: str,
+    tenants: str = "",
+    gate: int = 2,
+    reserve: int = 0,
+    events: Sequence[str] = (),
+    tokenizer: str | None = None,
 ) -> str:
     """Model ``chat`` whose one rule routes to pool ``fleet`` of the engines under ``policy``, one key.
     With ``tenants``, two tenants' keys instead and each backend gated at ``gate`` in flight; ``"flow"`` adds
     flow control's priorities and weights (tenant A's key sheddable, B's standard, equal weights) and
-    ``reserve`` places of each gate kept from sheddable requests."""
+    ``reserve`` places of each gate kept from sheddable requests. ``events`` (an endpoint per engine) and
+    ``tokenizer`` (a model directory): the exact index from the engines' KV events."""
     lines = []
     gated = f"max_concurrency = {gate}\n" if tenants else ""
     if tenants == "flow" and reserve:
         gated += f"reserved_places = {reserve}\n"
     for i, url in enumerate(urls):
-        lines += [f'[[backends]]\nname = "e{i}"\nurl = "{url}"\nfirst_byte_timeout = 300.0\n{gated}']
+        kv = f'kv_events = "{events[i]}"\n' if events else ""
+        lines += [f'[[backends]]\nname = "e{i}"\nurl = "{url}"\nfirst_byte_timeout = 300.0\n{gated}{kv}']
         target = f'{{ backend = "e{i}", model = "mock-model" }}'
         lines += [f'[[provider_models]]\nname = "pm-e{i}"\nbackends = [{target}]\n']
     members = ", ".join(f'"pm-e{i}"' for i in range(len(urls)))
-    lines += [f'[[pools]]\nname = "fleet"\npolicy = "{policy}"\nmembers = [{members}]\n']
+    tokenized = f'tokenizer = "{tokenizer}"\n' if tokenizer else ""
+    lines += [f'[[pools]]\nname = "fleet"\npolicy = "{policy}"\nmembers = [{members}]\n{tokenized}']
     lines += ['[[models]]\nname = "chat"\nchain = ["pm-e0"]\n', '[[models.rules]]\nroute = ["fleet"]\n']
     lines += ['[[roles]]\nname = "r"\npermissions = ["model/*"]\n']
     if not tenants:
@@ -232,12 +243,15 @@ def _loop_run(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _start_fleet(work: Path, extra: list[str], services: list[Service]) -> list[MockEngineService]:
+def _start_fleet(
+    work: Path, extra: list[str], services: list[Service], events: Sequence[str] = ()
+) -> list[MockEngineService]:
     """The engines, each added to ``services`` before it starts, so that the caller's ``finally`` stops
-    those started when a later one fails."""
+    those started when a later one fails; each publishing its KV events on its ``events`` endpoint."""
     engines: list[MockEngineService] = []
     for i in range(ENGINES):
-        engines.append(MockEngineService(work, tokens=64, extra=extra, name=f"engine{i}"))
+        own = ["--sim-kv-events", events[i]] if events else []
+        engines.append(MockEngineService(work, tokens=64, extra=[*extra, *own], name=f"engine{i}"))
         services.append(engines[-1])
         engines[-1].start()
     return engines
@@ -248,18 +262,30 @@ def _stop(services: Sequence[Service]) -> None:
         service.stop()
 
 
+EXACT = "cache_aware_exact"  # the cache_aware policy with a tokenizer and the engines' KV events
+
+
 def run_router(
-    router: str, workload: Workload, load: Load, work: Path, engine_flags: list[str], scrape: float = 0.5
+    router: str,
+    workload: Workload,
+    load: Load,
+    work: Path,
+    engine_flags: list[str],
+    scrape: float = 0.5,
+    tokenizer: str | None = None,
 ) -> RouterRun:
-    """``router`` is ``smg`` or a pool policy of the gateway. Starts the fleet and the router, runs the
-    sessions, reads the engines' counters, stops everything."""
+    """``router`` is ``smg``, a pool policy of the gateway, or ``EXACT``. Starts the fleet and the router,
+    runs the sessions, reads the engines' counters, stops everything. With ``tokenizer`` (a model
+    directory) the engines tokenize with it and publish their KV events, whichever the router."""
     run = RouterRun(router)
     if router == "smg" and not SmgService.available():
         run.skipped = "smg not installed (scripts/bench-peers.sh smg)"
         return run
     services: list[Service] = []
     try:
-        engines = _start_fleet(work, engine_flags, services)
+        events = [f"tcp://127.0.0.1:{free_port()}" for _ in range(ENGINES)] if tokenizer else []
+        flags = [*engine_flags, "--sim-tokenizer", tokenizer] if tokenizer else engine_flags
+        engines = _start_fleet(work, flags, services, events)
         urls = [e.url for e in engines]
         if router == "smg":
             front: Service = SmgService(work, urls)
@@ -267,7 +293,12 @@ def run_router(
             front.start()
             model, headers = "mock-model", {}
         else:
-            config = gateway_pool_config(urls, router)
+            if router == EXACT:
+                if not tokenizer:
+                    raise ValueError(f"{EXACT} needs the engines' tokenizer")
+                config = gateway_pool_config(urls, "cache_aware", events=events, tokenizer=tokenizer)
+            else:
+                config = gateway_pool_config(urls, router)
             gateway = GatewayService(
                 work, urls[0], workers=2, accounted=False, config=config,
                 extra=["--engine-scrape-interval", str(scrape)],

@@ -5,8 +5,9 @@
 It runs on the engine scraper's event loop, in the host's control slot: one process per host subscribes,
 never a proxy worker. ``follow`` is called each scrape round with the snapshot's backends: it starts a
 subscription for a backend that gained an endpoint, and ends (and forgets the exact pairs of) one that lost
-it or left. Each subscription connects (ZeroMQ reconnects by itself) and watches its socket's monitor: a
-disconnect forgets the backend's exact pairs, since what the engine did while we were away is unknown
+it or left. Each subscription connects and watches its socket's monitor: a disconnect (the engine went
+away, or sent a message past ``MAX_MESSAGE``) ends the socket, a new one connects half a second later, and
+the backend's exact pairs are forgotten, since what the engine did while we were away is unknown
 (vLLM's replay socket is not used: the approximate pairs carry the backend until events refill the exact
 ones). Its counts go in the engine document the scraper publishes, and from there to ``/metrics``.
 
@@ -34,7 +35,12 @@ __all__ = ["KVEventFollower"]
 
 log = logging.getLogger("gateway.kv_events")
 
-RECEIVE_HWM = 100_000  # batches queued in the socket before ZeroMQ drops (a gap we then see)
+RECEIVE_HWM = 10_000  # batches queued in the socket before ZeroMQ drops (a gap we then see)
+# The largest message taken: a vLLM batch of one scheduler step is kilobytes; a peer that sends more is
+# disconnected by ZeroMQ (a disconnect: its exact pairs are forgotten), so that no endpoint can make the
+# control slot hold gigabytes.
+MAX_MESSAGE = 16 << 20
+RESUBSCRIBE = 0.5  # seconds between a disconnect and the new socket
 
 
 class _Subscription:
@@ -90,8 +96,17 @@ class KVEventFollower:
         del self._subs[name]
 
     async def _run(self, name: str, sub: _Subscription) -> None:
+        """Subscribe, and after each disconnect subscribe again on a new socket: ZeroMQ's own reconnection
+        does not come back from every cause (one is a message past ``MAX_MESSAGE``)."""
+        while await self._session(name, sub):
+            await asyncio.sleep(RESUBSCRIBE)
+
+    async def _session(self, name: str, sub: _Subscription) -> bool:
+        """One socket's life: until its peer disconnects (True: subscribe again) or the endpoint cannot be
+        connected to at all (False)."""
         sock = self._context.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
         monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
@@ -101,7 +116,7 @@ class KVEventFollower:
             log.error("backend %s: cannot subscribe to KV events at %s: %s", name, sub.endpoint, exc)
             monitor.close(0)
             sock.close(0)
-            return
+            return False
         poller = zmq.asyncio.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -116,6 +131,7 @@ class KVEventFollower:
                         sub.connected = False
                         sub.mirror.restart()
                         log.info("backend %s: KV events disconnected; its exact pairs are forgotten", name)
+                        return True
                 if sock in ready:
                     for _ in range(256):  # what queued, a bounded number at a time
                         try:
@@ -143,4 +159,10 @@ class KVEventFollower:
             if mirror.counts.undecodable == 1:
                 log.warning("backend %s: undecodable KV event message: %s", name, exc)
             return
-        mirror.apply(sequence, batch)
+        try:
+            mirror.apply(sequence, batch)
+        except Exception:  # a batch that decoded but cannot be applied must not end the subscription
+            mirror.counts.undecodable += 1
+            mirror.counts.gaps += 1
+            mirror.restart()
+            log.exception("backend %s: a KV event batch could not be applied; exact pairs forgotten", name)
