@@ -218,9 +218,19 @@ class ChatTokenizer:
                 system = doc.get("system")  # Anthropic's, translated to a first system message
                 if isinstance(system, (str, list)):
                     messages = [{"role": "system", "content": system}, *messages]
-                text = self.render([_plain(m) for m in messages], doc.get("tools"))
+                # Only the leading messages that reach past ``limit`` are rendered: a body of thousands
+                # of messages costs no more to template than one of ``limit`` characters.
+                kept: list[Mapping[str, Any]] = []
+                seen = 0
+                for m in messages:
+                    if seen > limit:
+                        break
+                    kept.append(_plain(m))
+                    seen += _length(kept[-1])
+                rest = sum(_length(m) for m in messages[len(kept) :])  # what was not rendered, about
+                text = self.render(kept, doc.get("tools"))
             elif isinstance(doc.get("prompt"), str):
-                text = doc["prompt"]
+                text, rest = doc["prompt"], 0
             else:
                 return None
         except (TemplateError, ValueError, TypeError):
@@ -228,7 +238,7 @@ class ChatTokenizer:
         if len(text) <= limit:
             return PromptIds(self.encode(text), 1.0)
         ids = self.encode(text[:limit])
-        return PromptIds(ids[: max(0, len(ids) - CUT_MARGIN)], limit / len(text))
+        return PromptIds(ids[: max(0, len(ids) - CUT_MARGIN)], limit / (len(text) + rest))
 
 
 def _added_tokens(tokenizer: Tokenizer, pre: Any) -> tuple[dict[str, int], re.Pattern[str] | None]:
@@ -271,6 +281,16 @@ def loaded(directory: str) -> ChatTokenizer | None:
 
 
 _FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _length(message: Mapping[str, Any]) -> int:
+    """About how many characters ``message`` adds to a rendered prompt: its content's."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p.get("text") or "") if isinstance(p, dict) else len(str(p)) for p in content)
+    return 0
 
 
 def _plain(message: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -111,3 +111,16 @@ def test_a_pre_tokenizer_that_treats_the_first_piece_apart_turns_it_off(model: P
     assert tok._split is None
     raw = Tokenizer.from_file(str(other / "tokenizer.json"))
     assert tok.encode(text) == raw.encode(text, add_special_tokens=False).ids
+
+
+def test_a_body_of_many_messages_renders_only_those_that_reach_the_limit(model: Path) -> None:
+    tok = ChatTokenizer.load(str(model))
+    many = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " * 10} for i in range(20_000)
+    ]
+    cut = tok.request_prompt(orjson.dumps({"messages": many}), limit=2000)
+    few = tok.request_prompt(orjson.dumps({"messages": many[:40]}), limit=2000)
+    assert cut is not None and few is not None
+    assert cut.ids == few.ids  # the same leading messages, rendered and cut alike
+    # The share counts the messages left unrendered: about 2,000 of 20,000 x ~80 characters.
+    assert 0 < cut.share < 0.002
