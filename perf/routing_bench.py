@@ -42,6 +42,7 @@ import tempfile
 import time
 import timeit
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,13 +275,17 @@ def quality(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="routing-quality-") as tmp:
         tokenizer = _tokenizer(args.tokenizer, Path(tmp))
+        scale = 1.0
         if tokenizer:
+            scale = _tokens_per_4_bytes(tokenizer, workload.systems)
+            what = "a BPE of 16,384 tokens trained on docs/" if args.tokenizer == "train" else args.tokenizer
             print(
-                f"- engines tokenize with the model directory {args.tokenizer} (its chat template and "
-                "tokenizer.json) and publish their KV events, whichever the router"
+                f"- engines tokenize with {what} (its chat template and tokenizer.json; "
+                f"{4 / scale:.2f} bytes a token on the system prompts, caches sized in its tokens) and "
+                "publish their KV events, whichever the router"
             )
         for load in loads:
-            flags, line = rq.plan_cache(workload, load, args.cache_share, sim)
+            flags, line = rq.plan_cache(workload, load, args.cache_share, sim, scale)
             # Each session sends its next turn a think time after its answer: at most active / think
             # requests per second, less by the answers' own time (the achieved rate is in the table).
             print(
@@ -340,6 +345,15 @@ def _tokenizer(wanted: str | None, tmp: Path) -> str | None:
     directory = tmp / "model"
     directory.mkdir()
     return str(model_dir(directory, text, 16384))
+
+
+def _tokens_per_4_bytes(model: str, texts: Sequence[str]) -> float:
+    """The engines' tokens per 4 bytes of the workload's text under ``model``'s tokenizer."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    tokens = sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts)
+    return tokens / (sum(len(t.encode()) for t in texts) / 4)
 
 
 def fairness(args: argparse.Namespace, workload: Any, sim: bool) -> None:

@@ -114,14 +114,16 @@ def sim_available() -> bool:
     return "--sim" in out.stdout
 
 
-def cache_blocks(workload: Workload, active: int, share: float) -> tuple[int, int]:
+def cache_blocks(workload: Workload, active: int, share: float, scale: float = 1.0) -> tuple[int, int]:
     """(blocks per engine, working-set tokens): ``share`` of the working set, but never less than twice the
-    longest prompt the workload sends, so that the batch can always admit a request."""
-    working = working_set_tokens(workload, active)
+    longest prompt the workload sends, so that the batch can always admit a request. ``scale``: the
+    engines' tokens per 4 bytes of text (1 for the simulator's own tokenizing; more for a BPE)."""
+    working = math.ceil(working_set_tokens(workload, active) * scale)
     longest = max(
         len(workload.systems[s.system]) // 4 + sum(len(t.user) // 4 + t.max_tokens + 6 for t in s.turns)
         for s in workload.sessions
     )
+    longest = math.ceil(longest * scale)
     return max(math.ceil(share * working / BLOCK_TOKENS), math.ceil(2 * longest / BLOCK_TOKENS)), working
 
 
@@ -483,11 +485,13 @@ def fairness(
     }
 
 
-def plan_cache(workload: Workload, load: Load, share: float, sim: bool) -> tuple[list[str], str]:
+def plan_cache(
+    workload: Workload, load: Load, share: float, sim: bool, scale: float = 1.0
+) -> tuple[list[str], str]:
     """The engines' flags for ``load`` and a line that says how the cache was sized."""
     if not sim:
         return [], "engine simulator not in this checkout: the plain mock engine (no prefix cache, no queue)"
-    blocks, working = cache_blocks(workload, load.active, share)
+    blocks, working = cache_blocks(workload, load.active, share, scale)
     held = blocks * BLOCK_TOKENS
     line = (
         f"KV cache per engine {blocks:,} blocks = {held:,} tokens; working set {working:,} tokens "
