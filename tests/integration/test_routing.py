@@ -248,6 +248,21 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
     on either worker): every turn of a conversation reaches the engine its first went to, though the first
     512 bytes of every body are the same (one long shared system prompt); and the first turns, which all
     match that system prompt, spread as the engine holding it fills (the balance rule)."""
+    def counters() -> tuple[float, float, float]:
+        """Answers relayed, prompt bytes sent to cache_aware pools, and of those the bytes expected to hit,
+        summed over every backend and every worker's last published document."""
+        text = rules_env.admin("GET", "/metrics").text
+        answered = sent = matched = 0.0
+        for line in text.splitlines():
+            if line.startswith("gateway_backend_answers_total{"):
+                answered += float(line.split()[-1])
+            elif line.startswith("gateway_backend_prefix_bytes_total{"):
+                sent += float(line.split()[-1])
+            elif line.startswith("gateway_backend_prefix_matched_bytes_total{"):
+                matched += float(line.split()[-1])
+        return answered, sent, matched
+
+    answered_before, sent_before, matched_before = counters()
     for e in fresh:
         e.configure(delay=0.3)
     system = "You are a careful assistant. " * 40
@@ -282,20 +297,12 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
     assert all(len(turns) == 4 and len(set(turns)) == 1 for turns in where.values()), where
     assert len({turns[0] for turns in where.values()}) >= 2
 
-    def expected_hits() -> tuple[float, float]:
-        text = rules_env.admin("GET", "/metrics").text
-        sent = matched = 0.0
-        for line in text.splitlines():
-            if line.startswith("gateway_backend_prefix_bytes_total{"):
-                sent += float(line.split()[-1])
-            elif line.startswith("gateway_backend_prefix_matched_bytes_total{"):
-                matched += float(line.split()[-1])
-        return sent, matched
-
-    # Every turn after a conversation's first was held whole but for its new user turn; the first turns
-    # of conversations after the first held the system prompt.
-    wait_until(lambda: expected_hits()[0] > 0, what="the workers' prefix counts in /metrics")
-    sent, matched = expected_hits()
+    # Each worker publishes its counts now and then; a worker counts a request's prefix bytes before its
+    # answer, so once the 24 answers show, so do all 24 prefix counts. Every turn after a conversation's
+    # first was held whole but for its new user turn; the first turns after the first held the system prompt.
+    wait_until(lambda: counters()[0] >= answered_before + 24, what="every worker's answers in /metrics")
+    _, sent, matched = counters()
+    sent, matched = sent - sent_before, matched - matched_before
     assert 0.5 < matched / sent < 1
     assert "gateway_prefix_index_pairs_total" in rules_env.admin("GET", "/metrics").text
 
