@@ -135,8 +135,15 @@ class Outcome:
     distinct: int = 0
 
     def polls(self, during: bool) -> list[float]:
-        low, high = self.down
-        return [lat for sent, lat in self.fig["polls"] if (low <= sent < high) == during]
+        low, high, measured = self.down[0], self.down[1], self.fig["measured"]
+        return [
+            lat for sent, lat, _ in self.fig["polls"] if sent >= measured and (low <= sent < high) == during
+        ]
+
+    def not_modified(self) -> float:
+        """The share of the measured polls answered 304."""
+        polls: list[int] = [hit for sent, _, hit in self.fig["polls"] if sent >= self.fig["measured"]]
+        return sum(polls) / max(1, len(polls))
 
 
 class Bench:
@@ -198,7 +205,9 @@ class Bench:
         # One record first, which opens the principal's budget windows (one indexed sum of what the
         # prefill gave it, then never again): a live fleet's windows are open long before.
         began = time.monotonic()
-        one = Params(self.port, self.token, 1, 0.0, 1.0, 1.0, 0.0, 10.0, 30.0, 0.0, "warm", self.principal)
+        one = Params(
+            self.port, self.token, 1, 0.0, 0.0, 1.0, 1.0, 0.0, 10.0, 30.0, 0.0, "warm", self.principal
+        )
         from perf.control_sim_hosts import Simulation
 
         body = Simulation(one).usage_body(0, 0, 1)
@@ -218,7 +227,7 @@ class Bench:
         if args.pg_stat:
             control_fill.reset_statements(self.url)
         params = Params(
-            self.port, self.token, hosts, args.seconds, args.poll, args.ship, rate, args.report,
+            self.port, self.token, hosts, args.seconds, args.warmup, args.poll, args.ship, rate, args.report,
             args.timeout, args.drain, tag, self.principal,
         )  # fmt: skip
         since, load = time.time() - 5.0, os.getloadavg()[0]
@@ -263,6 +272,7 @@ class Bench:
         return out
 
     def _outage(self, down: list[float]) -> None:
+        # From the start of the measured seconds: the outage falls in their middle.
         args = self.args
         time.sleep((args.seconds - args.postgres_down) / 2)
         down[0] = time.monotonic()  # polls sent while it stops count as sent during the outage
@@ -307,18 +317,19 @@ def _ms(values: list[float]) -> str:
 def report(o: Outcome, args: argparse.Namespace) -> None:
     fig, cpu = o.fig, o.cpu
     polls, during = o.polls(False), o.polls(True)
-    done = len(polls) + len(during)
+    done = len(fig["polls"])
     accepted, in_run = int(fig["accepted"]), int(fig["accepted_in_run"])
     print(
-        f"\n{o.hosts} hosts x {o.rate:g} records/s ({o.hosts * o.rate:,.0f}/s offered), {o.seconds:.0f} s, "
-        f"poll every {args.poll} s, a batch every {args.ship} s; load average {o.load[0]:.2f} at start, "
-        f"{o.load[1]:.2f} at end"
+        f"\n{o.hosts} hosts x {o.rate:g} records/s ({o.hosts * o.rate:,.0f}/s offered), {args.warmup:.0f} s "
+        f"of warm-up then {o.seconds:.0f} s measured, poll every {args.poll} s, a batch every {args.ship} s; "
+        f"load average {o.load[0]:.2f} at start, {o.load[1]:.2f} at end"
     )
     print(
         f"polls done {done} of {fig['intended']} intended ({done / max(1, fig['intended']):.0%}), "
         f"{fig['sent']} sent, {fig['skipped']} skipped (due while the host waited for an earlier answer), "
-        f"{fig['not_modified']} were 304: {'with PostgreSQL up ' if args.postgres_down else ''}{_ms(polls)}; "
-        f"errors {fig['errors']}, timeouts {fig['timeouts']}"
+        f"{fig['not_modified']} were 304; errors {fig['errors']}, timeouts {fig['timeouts']}; measured: "
+        f"{len(polls) + len(during)} polls, {o.not_modified():.0%} were 304, "
+        f"{'with PostgreSQL up ' if args.postgres_down else ''}{_ms(polls)}"
     )
     if args.postgres_down:
         print(
@@ -326,9 +337,10 @@ def report(o: Outcome, args: argparse.Namespace) -> None:
         )
     print(f"simulator's timers fired late by {_ms(fig['lag'])} (its own event loop's delay)")
     print(
-        f"usage records made {fig['made']:,}, accepted in the run {in_run:,} ({in_run / o.seconds:,.0f}/s), "
-        f"after it {accepted - in_run:,}, still held {fig['left']:,}; {fig['busy']} batches "
-        f"({fig['busy_records']:,} records) answered 503 ingest_busy; batches answered 200 in the run: "
+        f"usage records made {fig['made']:,}, accepted in the measured seconds {in_run:,} "
+        f"({in_run / o.seconds:,.0f}/s), in all {accepted:,}, still held {fig['left']:,}; "
+        f"{fig['busy']} batches ({fig['busy_records']:,} records) answered 503 ingest_busy; "
+        f"batches answered 200, measured: "
         f"{len(fig['batches'])}, {_ms(fig['batches'])}; reports answered {fig['reports']}"
     )
     print(
@@ -357,11 +369,10 @@ def table(outcomes: list[Outcome]) -> None:
         fig, cpu = o.fig, o.cpu
         in_run = max(1, int(fig["accepted_in_run"]))
         polls = o.polls(False)
-        share = fig["not_modified"] / max(1, len(polls) + len(o.polls(True)))
         print(
             f"| {o.hosts} x {o.rate:,.0f} | {o.hosts * o.rate:,.0f} | {in_run / o.seconds:,.0f} | "
             f"{_pct(fig['batches'], 0.5) * 1000:,.0f} ms | {_pct(fig['batches'], 0.99) * 1000:,.0f} ms | "
-            f"{fig['busy']} | {_pct(polls, 0.99) * 1000:.0f} ms | {share:.0%} | "
+            f"{fig['busy']} | {_pct(polls, 0.99) * 1000:.0f} ms | {o.not_modified():.0%} | "
             f"{cpu.postgres * 1e6 / in_run:.1f} | {cpu.control * 1e6 / in_run:.1f} | "
             f"{cpu.simulator / cpu.seconds:.0%} | {o.load[0]:.2f} | {cpu.rest:.1f} | "
             f"{int(fig['accepted']) - o.distinct}, {o.rows - o.distinct} |"
@@ -379,7 +390,8 @@ def _rows(text: str) -> list[tuple[int, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m perf.control_sim", description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured, after --warmup")
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds of load before those measured")
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between snapshot polls per host")
     parser.add_argument("--ship", type=float, default=1.0, help="seconds between usage batches per host")
     parser.add_argument("--records", type=int, default=10, help="usage records per batch (0: none)")

@@ -64,7 +64,8 @@ class Params:
     port: int
     token: str
     hosts: int
-    seconds: float
+    seconds: float  # measured, after the warm-up
+    warmup: float  # seconds of load before the measured ones (the store's pipeline filling up)
     poll: float
     ship: float
     rate: float  # records a second per host
@@ -77,9 +78,11 @@ class Params:
 
 @dataclass
 class Figures:
-    start: float = 0.0  # monotonic, the timed run's
+    start: float = 0.0  # monotonic: when the load began, when the measured seconds began and ended
+    measured: float = 0.0
     until: float = 0.0
-    polls: list[tuple[float, float]] = field(default_factory=list)  # (sent, seconds to answer): 200 or 304
+    # (sent, seconds to answer, 1 for a 304 else 0), answered 200 or 304
+    polls: list[tuple[float, float, int]] = field(default_factory=list)
     lag: list[float] = field(default_factory=list)  # how late each timer of the simulator's fired
     intended: int = 0
     sent: int = 0
@@ -89,8 +92,8 @@ class Figures:
     timeouts: int = 0
     made: int = 0  # records made (all in the timed run)
     accepted: int = 0  # records answered 200, the drain included
-    accepted_in_run: int = 0  # of them, those answered within the timed run
-    batches: list[float] = field(default_factory=list)  # seconds from sent to answered, 200s in the run
+    accepted_in_run: int = 0  # of them, those answered within the measured seconds
+    batches: list[float] = field(default_factory=list)  # seconds from sent to answered: 200s measured
     busy: int = 0  # batches answered 503 ingest_busy
     busy_records: int = 0
     left: int = 0  # records still held when the drain ran out
@@ -112,7 +115,7 @@ class Simulation:
         self.fig = Figures()
         self.head = f"host: 127.0.0.1:{params.port}\r\nauthorization: Bearer {params.token}\r\n".encode()
         self._polls: dict[bytes | None, bytes] = {}
-        self.start = self.until = self.last_poll = self.drain_until = math.inf
+        self.start = self.measured = self.until = self.last_poll = self.drain_until = math.inf
         self.hosts: list[Host] = []
         marker = encode_record(
             UsageRecord(
@@ -308,7 +311,7 @@ class Host(asyncio.Protocol):
         if kind == _POLL:
             if status in (200, 304):
                 fig.not_modified += status == 304
-                fig.polls.append((self.sent, now - self.sent))
+                fig.polls.append((self.sent, now - self.sent, int(status == 304)))
             else:
                 fig.errors += 1
         elif kind == _USAGE:
@@ -321,8 +324,9 @@ class Host(asyncio.Protocol):
                 self.spool.popleft()
                 self.backoff = _RECONNECT
                 fig.accepted += accepted
-                if now <= self.sim.until:
+                if self.sim.measured <= now <= self.sim.until:
                     fig.accepted_in_run += accepted
+                if self.sim.measured <= self.sent and now <= self.sim.until:
                     fig.batches.append(now - self.sent)
             elif status == 503 and self.retry_after is not None:
                 fig.busy += 1
@@ -391,7 +395,8 @@ async def run(params: Params) -> Figures:
     if unconnected:
         raise RuntimeError(f"{unconnected} of {params.hosts} hosts have no connection to the control plane")
     sim.start = time.monotonic() + 0.1
-    sim.until = sim.start + params.seconds
+    sim.measured = sim.start + params.warmup
+    sim.until = sim.measured + params.seconds
     sim.drain_until = sim.until + params.drain
     # The polls intended are those due before the end; a microsecond's margin keeps the last host 0 would
     # send (due at the end itself, give or take a rounding of its sum) out of both the count and the run.
@@ -407,7 +412,7 @@ async def run(params: Params) -> Figures:
                 host.timed_out(now)
 
     sweeper = asyncio.create_task(sweep())
-    await asyncio.sleep(max(0.0, sim.start - time.monotonic()))
+    await asyncio.sleep(max(0.0, sim.measured - time.monotonic()))
     print("start", flush=True)
     await asyncio.sleep(max(0.0, sim.until - time.monotonic()))
     print("end", flush=True)
@@ -418,7 +423,7 @@ async def run(params: Params) -> Figures:
     for host in sim.hosts:
         host.close()
     sim.fig.left = sum(n for host in sim.hosts for _, n in host.spool)
-    sim.fig.start, sim.fig.until = sim.start, sim.until
+    sim.fig.start, sim.fig.measured, sim.fig.until = sim.start, sim.measured, sim.until
     return sim.fig
 
 
