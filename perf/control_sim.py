@@ -100,6 +100,45 @@ def process_cpu(roots: dict[str, int]) -> dict[str, float]:
     return totals
 
 
+def thread_cpu(root: int) -> dict[str, float]:
+    """CPU seconds so far of each thread of ``root`` and its descendants alive now, by its name and id (a
+    process's main thread, where the control worker's event loop runs, by its pid; Python's threads, the
+    store thread among them, are all named after the process, so told apart by their ids only)."""
+    out: dict[str, float] = {}
+    for pid in _tree(root):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            name = text[text.index(b"(") + 1 : text.rindex(b")")].decode(errors="replace")
+            fields = text[text.rindex(b")") + 2 :].split()
+            label = f"{name} (main, pid {pid})" if tid == str(pid) else f"{name} #{tid}"
+            out[label] = out.get(label, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                children.setdefault(_proc_stat(int(name))[0], []).append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    todo, out = [root], []
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
 def machine_cpu() -> float:
     """CPU seconds all cores have spent busy since boot (not idle, not waiting on I/O)."""
     with open("/proc/stat") as f:
@@ -114,6 +153,7 @@ class CpuUse:
     control: float
     postgres: float
     machine: float
+    threads: dict[str, float] = dataclasses.field(default_factory=dict)  # the control host's, by name
 
     @property
     def rest(self) -> float:
@@ -239,12 +279,14 @@ class Bench:
         down = [float("inf"), float("inf")]
         before: dict[str, float] = {}
         busy = started = 0.0
+        threads: dict[str, float] = {}
         outage: threading.Thread | None = None
         cpu: CpuUse | None = None
         fig: dict[str, Any] = {}
         for line in proc.stdout:
             if line == b"start\n":
                 before, busy, started = process_cpu(self.roots(proc.pid)), machine_cpu(), time.monotonic()
+                threads = thread_cpu(self.control.proc.pid)
                 if args.postgres_down:
                     outage = threading.Thread(target=self._outage, args=(down,))
                     outage.start()
@@ -257,6 +299,8 @@ class Bench:
                     after["postgres"] - before["postgres"],
                     busy_after - busy,
                 )
+                threads_after = thread_cpu(self.control.proc.pid)
+                cpu.threads = {k: v - threads.get(k, 0.0) for k, v in threads_after.items()}
             else:
                 fig = orjson.loads(line)
         if proc.wait() != 0 or cpu is None or not fig:
@@ -356,6 +400,8 @@ def report(o: Outcome, args: argparse.Namespace) -> None:
         f"the rest of the machine {cpu.rest:.1f}"
         + (" (PostgreSQL's omits the processes the outage stopped)" if args.postgres_down else "")
     )
+    top = sorted(cpu.threads.items(), key=lambda kv: -kv[1])[:6]
+    print("control host's threads: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in top))
 
 
 def table(outcomes: list[Outcome]) -> None:

@@ -342,9 +342,12 @@ def _json(text: object) -> Any:
 def _first_of(records: Sequence[UsageRecord], keys: set[tuple[Any, ...]]) -> Iterator[UsageRecord]:
     """The records whose key (request id, and end time where it is part of the key) is in ``keys``, each
     key's first only (the one an insert stores)."""
+    if not keys:
+        return
+    # Every key has the same width: the table's key, (request id, end time) on PostgreSQL.
+    width = len(next(iter(keys)))
     for r in records:
-        for key in ((r.request_id,), (r.request_id, r.ts)):
-            if key in keys:
-                keys.discard(key)
-                yield r
-                break
+        key = (r.request_id, r.ts) if width == 2 else (r.request_id,)
+        if key in keys:
+            keys.discard(key)
+            yield r
