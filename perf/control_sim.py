@@ -14,16 +14,19 @@ fleet benchmark one after another against the same control host and table (prefi
 1,000 records/s, 100 x 100, 100 x 500 (50,000/s), 100 x 1,000 (2x overload), 500 x 100; ``--rows``
 names others (``HOSTSxRATE,...``).
 
-For each run it prints the polls' latency (p50, p99, max) from request sent to answer read, polls done
-against polls intended (a simulator that falls behind says so), the 304s, how late the simulator's own
-timers fired (its event loop's delay, which every latency it measures includes), the usage records made,
-accepted within the run (records/s) and after it (the hosts' spools drained), batches answered 503
-``ingest_busy``, the batches' latency from sent to answered ``200``, and the CPU seconds that the
-simulator (its own process tree), the control host, PostgreSQL and the rest of the machine used over the
-timed run, with PostgreSQL's and the control host's per accepted record. Then it checks the store: the
-run's records stored (by their request ids' tag), distinct ids among them, and the difference from those
-accepted (lost, if positive) and from the rows (stored twice). At the end: the table's rows against the
-prefill and every record accepted, and the principal's spend counters against its records' sums.
+``--warmup S`` runs the load S seconds before the ``--seconds`` measured (the store's pipeline fills
+up first). For each run it prints the polls' latency (p50, p99, max) from request sent to answer read,
+polls done against polls intended (a simulator that falls behind says so), the 304s, how late the
+simulator's own timers fired (its event loop's delay, which every latency it measures includes), the
+usage records made, accepted within the measured seconds (records/s) and in all (the hosts' spools
+drained after the run), batches answered 503 ``ingest_busy``, the batches' latency from sent to answered
+``200``, and the CPU seconds that the simulator (its own process tree), the control host, PostgreSQL and
+the rest of the machine used over the measured seconds, with PostgreSQL's and the control host's per
+accepted record (and the control host's CPU by thread). Then it checks the store: the run's records
+stored (by their request ids' tag), distinct ids among them, and the difference from those accepted
+(lost, if positive) and from the rows (stored twice). At the end: the table's rows against the prefill
+and every record accepted, and the principal's spend counters against its records' sums; then it
+removes PostgreSQL's and the control host's directories.
 ``--postgres-down S`` stops PostgreSQL for S seconds in the middle of a run and reports the polls sent
 during the outage on their own line: they must be answered from memory. ``--pg-stat`` loads
 ``pg_stat_statements`` and prints where PostgreSQL's time went in each run.
@@ -37,6 +40,7 @@ import argparse
 import dataclasses
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -201,8 +205,14 @@ class Bench:
         )
         if args.pg_stat:
             self.server.settings.append("shared_preload_libraries=pg_stat_statements")
+        if args.synchronous_commit or args.postgres_down:
+            # The tests' throwaway cluster acknowledges a commit before its WAL is written: a server killed
+            # then (``--postgres-down`` stops it so: runuser kills it 2 s after SIGTERM) loses the last few
+            # hundred milliseconds of commits, which a real one with synchronous_commit on keeps.
+            self.server.settings.append("synchronous_commit=on")
         self.token = secrets.token_urlsafe(24)
         self.control: Any = None
+        self.tmp: Path | None = None
         self.runs = 0
 
     def start(self) -> None:
@@ -221,7 +231,7 @@ class Bench:
         extra = ["--role", "control", "--admin-port", str(self.port), "--database", self.url]
         if self.args.ingest_queue_max:
             extra += ["--ingest-queue-max", str(self.args.ingest_queue_max)]
-        tmp = Path(tempfile.mkdtemp(prefix="gateway-control-sim-"))
+        tmp = self.tmp = Path(tempfile.mkdtemp(prefix="gateway-control-sim-"))
         config = basic_config({"a": "http://127.0.0.1:9"}, extra=_PRINCIPAL)
         self.control = Gateway(tmp, config, workers=1, extra=tuple(extra), env=env, wait=False)
         base = f"http://127.0.0.1:{self.port}"
@@ -341,9 +351,15 @@ class Bench:
             )
 
     def stop(self) -> None:
-        if self.control is not None:
-            self.control.stop()
-        self.server.stop()
+        """Stop both and remove their directories (a 10M-row table takes gigabytes)."""
+        try:
+            if self.control is not None:
+                self.control.stop()
+            self.server.stop()
+        finally:
+            for path in (self.tmp, self.server.base):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -452,6 +468,8 @@ def main() -> None:
     parser.add_argument("--matrix", action="store_true", help=f"run the fleet rows ({MATRIX})")
     parser.add_argument("--rows", default=None, help="rows to run, HOSTSxRATE,... (implies --matrix)")
     parser.add_argument("--ingest-queue-max", type=int, default=0, help="the control host's (0: its default)")
+    parser.add_argument("--synchronous-commit", action="store_true", help="PostgreSQL's commits wait "
+                        "for their WAL (the tests' cluster runs without; --postgres-down implies it)")  # fmt: skip
     parser.add_argument("--pg-stat", action="store_true", help="report pg_stat_statements for each run")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between the runs of a matrix")
     args = parser.parse_args()
