@@ -468,8 +468,11 @@ def main() -> None:
     parser.add_argument("--matrix", action="store_true", help=f"run the fleet rows ({MATRIX})")
     parser.add_argument("--rows", default=None, help="rows to run, HOSTSxRATE,... (implies --matrix)")
     parser.add_argument("--ingest-queue-max", type=int, default=0, help="the control host's (0: its default)")
-    parser.add_argument("--synchronous-commit", action="store_true", help="PostgreSQL's commits wait "
-                        "for their WAL (the tests' cluster runs without; --postgres-down implies it)")  # fmt: skip
+    parser.add_argument(
+        "--synchronous-commit",
+        action="store_true",
+        help="PostgreSQL's commits wait for their WAL (the tests' do not; --postgres-down implies it)",
+    )
     parser.add_argument("--pg-stat", action="store_true", help="report pg_stat_statements for each run")
     parser.add_argument("--pause", type=float, default=3.0, help="seconds between the runs of a matrix")
     args = parser.parse_args()
