@@ -281,7 +281,12 @@ class Bench:
             args.timeout, args.drain, tag, self.principal,
         )  # fmt: skip
         since, load = time.time() - 5.0, os.getloadavg()[0]
-        env = {**os.environ, "CONTROL_SIM_HOSTS": orjson.dumps(dataclasses.asdict(params)).decode()}
+        figures = Path(tempfile.mkstemp(prefix="gateway-control-sim-figures-")[1])
+        env = {
+            **os.environ,
+            "CONTROL_SIM_HOSTS": orjson.dumps(dataclasses.asdict(params)).decode(),
+            "CONTROL_SIM_FIGURES": str(figures),
+        }
         proc = subprocess.Popen(
             [sys.executable, "-m", "perf.control_sim_hosts"], stdout=subprocess.PIPE, env=env
         )
@@ -292,7 +297,6 @@ class Bench:
         threads: dict[str, float] = {}
         outage: threading.Thread | None = None
         cpu: CpuUse | None = None
-        fig: dict[str, Any] = {}
         for line in proc.stdout:
             if line == b"start\n":
                 before, busy, started = process_cpu(self.roots(proc.pid)), machine_cpu(), time.monotonic()
@@ -311,10 +315,12 @@ class Bench:
                 )
                 threads_after = thread_cpu(self.control.proc.pid)
                 cpu.threads = {k: v - threads.get(k, 0.0) for k, v in threads_after.items()}
-            else:
-                fig = orjson.loads(line)
-        if proc.wait() != 0 or cpu is None or not fig:
-            raise RuntimeError(f"the simulator failed (exit status {proc.returncode})")
+        try:
+            if proc.wait() != 0 or cpu is None:
+                raise RuntimeError(f"the simulator failed (exit status {proc.returncode})")
+            fig = orjson.loads(figures.read_bytes())
+        finally:
+            figures.unlink()
         if outage is not None:
             outage.join()
         out = Outcome(hosts, rate, args.seconds, fig, cpu, (load, os.getloadavg()[0]), (down[0], down[1]))

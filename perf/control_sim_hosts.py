@@ -26,9 +26,9 @@ pre-encoded requests (the poll is the same bytes until the ETag changes) and rea
 ``Content-Length``, ``ETag`` and ``Retry-After`` of the answers (and a usage answer's body, for its count).
 
 Parameters come as JSON in the environment variable ``CONTROL_SIM_HOSTS``; the process writes ``start``
-and ``end`` lines to stdout when the timed run begins and ends (the parent samples CPU then), and then one
-line of JSON with the figures.
-I/O: loopback HTTP to the control host, stdout.
+and ``end`` lines to stdout when the measured seconds begin and end (the parent samples CPU then), and
+its figures as JSON to the file ``CONTROL_SIM_FIGURES`` names.
+I/O: loopback HTTP to the control host, stdout, the figures' file.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import asyncio
 import math
 import os
 import random
-import sys
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -430,8 +429,10 @@ async def run(params: Params) -> Figures:
 def main() -> None:
     params = Params(**orjson.loads(os.environ["CONTROL_SIM_HOSTS"]))
     fig = uvloop.run(run(params))
-    sys.stdout.buffer.write(orjson.dumps(asdict(fig)) + b"\n")
-    sys.stdout.flush()
+    # To a file, not down the pipe: the figures run to megabytes, and a line that long once reached the
+    # parent cut short.
+    with open(os.environ["CONTROL_SIM_FIGURES"], "wb") as f:
+        f.write(orjson.dumps(asdict(fig)))
 
 
 if __name__ == "__main__":
