@@ -228,8 +228,8 @@ class ClusterApp:
     async def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         values = _batch(body, "usage", "record", _value)
         # One batch larger than the bound is taken when nothing waits, so that no batch is refused forever.
-        # Checked before the records are read: at twice what the store can take, one batch in six or so
-        # is refused here, and reading it first cost the event loop what storing it would have.
+        # Checked before the records are decoded and checked (a few µs each, on the event loop): under
+        # overload many batches are refused here, and their records were read only to be thrown away.
         if self._pending and self._pending + len(values) > self.ingest_max:
             raise self._busy()
         records: list[UsageRecord] = []
