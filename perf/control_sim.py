@@ -1,313 +1,72 @@
 """``python -m perf.control_sim --hosts 500``: N simulated proxy hosts against one real control host.
 
 Starts PostgreSQL from Debian's packages (as the tests do) and ``gateway serve --role control`` on it,
-then runs N simulated proxy hosts in this process, each with its own keep-alive connection, doing what a
-real proxy host's control slot does over the cluster API, in its wire format:
+then N simulated proxy hosts in a process of their own (``perf.control_sim_hosts``: snapshot polls every
+``--poll`` seconds, usage batches every ``--ship`` seconds, health reports every ``--report`` seconds, one
+request at a time per host as a real control slot sends them, and a spool that keeps a refused batch and
+sends it again after ``Retry-After``). Usage comes at ``--rate`` records a second per host (or
+``--records`` a batch), all of one principal with a day and a month budget, so every batch also moves
+the spend counters.
 
-- ``GET /cluster/snapshot`` with ``If-None-Match`` every ``--poll`` seconds (0.25, the proxies' default);
-- ``POST /cluster/usage`` every ``--ship`` seconds with ``--records`` usage records (each the array a proxy
-  worker encodes, ``gateway.usage_record.encode_record``, encoded when the batch is sent);
-- ``POST /cluster/report`` every ``--report`` seconds (10), with a few scopes of traffic.
+``--prefill-rows N`` first fills the usage table to N rows spread over ``--prefill-days`` day partitions
+(``perf.control_fill``), as a fleet's table looks after that many days. ``--matrix`` runs the rows of the
+fleet benchmark one after another against the same control host and table (prefilled once): 10 hosts x
+1,000 records/s, 100 x 100, 100 x 500 (50,000/s), 100 x 1,000 (2x overload), 500 x 100; ``--rows``
+names others (``HOSTSxRATE,...``).
 
-Like a real host's control slot, a host sends one request at a time on its connection: a poll that falls
-due while a usage batch is in flight goes out when the batch is answered, and a poll whose whole interval
-passed meanwhile is skipped. Each host is an ``asyncio.Protocol`` on uvloop driven by timer callbacks
-(no task per host), sending pre-encoded requests (the poll is the same bytes until the ETag changes) and
-reading only the status line, ``Content-Length`` and ``ETag`` of the answers (the body of a usage answer
-too, for its count), so that the simulator costs the machine as little as it can: on the same cores as
-the control host, whatever it spends is taken from the thing it measures.
-
-Hosts connect before the timed run and start spread over one interval. Prints the polls' latency (p50,
-p99, max) from request sent to answer read, polls done against polls intended (a simulator that falls
-behind says so), how late the simulator's own timers fired (its event loop's delay, which every latency
-it measures includes), 304s, errors and timeouts, the usage records accepted per second, and the CPU
-seconds that the simulator, the control host, PostgreSQL and the rest of the machine used over the run.
-``--postgres-down S`` stops PostgreSQL for S seconds in the middle of the run and reports the polls sent
-during the outage on their own line: they must be answered from memory.
-I/O: subprocesses (PostgreSQL, the gateway), loopback HTTP, temp directories, /proc (CPU accounting).
+``--warmup S`` runs the load S seconds before the ``--seconds`` measured (the store's pipeline fills
+up first). For each run it prints the polls' latency (p50, p99, max) from request sent to answer read,
+polls done against polls intended (a simulator that falls behind says so), the 304s, how late the
+simulator's own timers fired (its event loop's delay, which every latency it measures includes), the
+usage records made, accepted within the measured seconds (records/s) and in all (the hosts' spools
+drained after the run), batches answered 503 ``ingest_busy``, the batches' latency from sent to answered
+``200``, and the CPU seconds that the simulator (its own process tree), the control host, PostgreSQL and
+the rest of the machine used over the measured seconds, with PostgreSQL's and the control host's per
+accepted record (and the control host's CPU by thread). Then it checks the store: the run's records
+stored (by their request ids' tag), distinct ids among them, and the difference from those accepted
+(lost, if positive) and from the rows (stored twice). At the end: the table's rows against the prefill
+and every record accepted, and the principal's spend counters against its records' sums; then it
+removes PostgreSQL's and the control host's directories.
+``--postgres-down S`` stops PostgreSQL for S seconds in the middle of a run and reports the polls sent
+during the outage on their own line: they must be answered from memory. ``--pg-stat`` loads
+``pg_stat_statements`` and prints where PostgreSQL's time went in each run.
+I/O: subprocesses (PostgreSQL, the gateway, the simulator), loopback HTTP, temp directories, the
+database, /proc (CPU accounting).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import math
+import dataclasses
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import uvloop
 
-from gateway.usage_record import UsageRecord, encode_record
+from perf import control_fill
+from perf.control_sim_hosts import Params
 
 if TYPE_CHECKING:
     from tests.fixtures.postgres import PostgresServer
 
-_POLL, _USAGE, _REPORT = 1, 2, 3  # what a host has in flight (0: nothing)
-# uvloop's timers have millisecond resolution and may fire up to a millisecond before their time: work due
-# that soon is done now rather than re-armed for a fraction of a millisecond.
-_EARLY = 0.002
-_RECONNECT = 0.5  # seconds before a host whose connection failed tries again (a real host's first backoff)
-
-
-@dataclass
-class Figures:
-    polls: list[float] = field(default_factory=list)  # seconds from sent to answered, 200 or 304
-    polls_down: list[float] = field(default_factory=list)  # the same, sent while PostgreSQL was down
-    lag: list[float] = field(default_factory=list)  # how late each timer of the simulator's fired
-    intended: int = 0
-    sent: int = 0
-    skipped: int = 0  # polls that fell due while the host waited for an answer, and passed before it came
-    not_modified: int = 0
-    errors: int = 0  # answers other than 200 (304 for polls), connections refused or lost mid-answer
-    timeouts: int = 0
-    accepted: int = 0
-    refused: int = 0  # records in batches answered other than 200, or not answered in time
-    reports: int = 0
-
-
-class Simulation:
-    """What the hosts share: the arguments, the figures, the request bytes, the run's times."""
-
-    def __init__(self, args: argparse.Namespace, port: int, token: str) -> None:
-        self.args = args
-        self.port = port
-        self.fig = Figures()
-        self.head = f"host: 127.0.0.1:{port}\r\nauthorization: Bearer {token}\r\n".encode()
-        self._polls: dict[bytes | None, bytes] = {}
-        self.start = self.until = self.last_poll = math.inf
-        self.down = (math.inf, math.inf)  # when PostgreSQL was stopped and when it was back (monotonic)
-        self.hosts: list[Host] = []
-
-    def poll_request(self, etag: bytes | None) -> bytes:
-        request = self._polls.get(etag)
-        if request is None:
-            match = b"if-none-match: " + etag + b"\r\n" if etag else b""
-            request = b"GET /cluster/snapshot HTTP/1.1\r\n" + self.head + match + b"\r\n"
-            self._polls[etag] = request
-        return request
-
-    def post_request(self, path: bytes, body: bytes) -> bytes:
-        return b"".join(
-            (
-                b"POST ", path, b" HTTP/1.1\r\n", self.head,
-                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body), body,
-            )
-        )  # fmt: skip
-
-
-def _header(head: bytes, name: bytes) -> bytes | None:
-    """The value of header ``name`` (lowercase, with its leading CRLF and colon) in a lowercased head."""
-    at = head.find(name)
-    if at < 0:
-        return None
-    end = head.find(b"\r\n", at + len(name))
-    return head[at + len(name) : end if end >= 0 else len(head)].strip()
-
-
-def _records(host: int, seq: int, n: int) -> bytes:
-    now = time.time()
-    recs = [
-        encode_record(
-            UsageRecord(
-                f"sim{host:04x}{seq:08x}{i:04x}", now, "p1", "k1", "chat", "a", 200, 12, 16, 0, 28,
-                "reported", 1234, 0.8, 0.7, None,
-            )
-        )
-        for i in range(n)
-    ]  # fmt: skip
-    return b"[" + b",".join(recs) + b"]"
-
-
-class Host(asyncio.Protocol):
-    """One simulated proxy host: its connection to the control plane and its schedule."""
-
-    def __init__(self, sim: Simulation, index: int) -> None:
-        self.sim = sim
-        self.index = index
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.etag: bytes | None = None
-        self.buf = bytearray()
-        self.kind = 0
-        self.sent = 0.0
-        self.length = -1  # the answer's body length, -1 until its head is read
-        self.body_at = 0
-        self.status = 0
-        self.seq = 0
-        self.poll_at = self.ship_at = self.report_at = math.inf
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = 0.0
-
-    async def connect(self) -> None:
-        connecting = self.loop.create_connection(lambda: self, "127.0.0.1", self.sim.port)
-        await asyncio.wait_for(connecting, self.sim.args.timeout)
-
-    def begin(self, start: float) -> None:
-        """Start the schedule: this host's first poll, batch and report spread over their intervals."""
-        args, share = self.sim.args, self.index / self.sim.args.hosts
-        self.poll_at = start + args.poll * share
-        self.ship_at = start + args.ship * share if args.records else math.inf
-        self.report_at = start + args.report * share
-        self.sim.fig.intended += max(0, math.ceil((self.sim.last_poll - self.poll_at) / args.poll))
-        self.pump()
-
-    # -- asyncio.Protocol ---------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self.buf.clear()
-        self.length = -1
-        if self.kind:
-            self._failed()
-        if time.monotonic() < self.sim.until:
-            self.loop.create_task(self._reconnect())
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        if self.length < 0:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = bytes(buf[:end]).lower()
-            self.status = int(head[9:12])
-            length = _header(head, b"\r\ncontent-length:")
-            if length is None and self.status not in (204, 304):
-                # granian answers every route of the cluster API with a Content-Length; anything else is a
-                # fault of the server's that the count should show, not a body to guess the end of.
-                self.sim.fig.errors += 1
-                self.kind = 0
-                assert self.transport is not None
-                self.transport.abort()
-                return
-            self.length = int(length) if length is not None else 0
-            self.body_at = end + 4
-            if self.kind == _POLL and self.status == 200:
-                self.etag = _header(head, b"\r\netag:")
-        end = self.body_at + self.length
-        if len(buf) < end:
-            return
-        body = bytes(buf[self.body_at : end]) if self.kind == _USAGE else b""
-        del buf[:end]
-        self.length = -1
-        self._answered(time.monotonic(), body)
-
-    # -- the schedule -------------------------------------------------------------------------------------
-    def pump(self) -> None:
-        """Send what is due, or arm the timer for when something will be."""
-        if self.kind or self.transport is None:
-            return
-        now = time.monotonic()
-        if now >= self.sim.until:
-            return
-        due, args, sim = now + _EARLY, self.sim.args, self.sim
-        if self.poll_at <= due and self.poll_at < sim.last_poll:
-            after = _next(self.poll_at, args.poll, now)
-            sim.fig.skipped += round((after - self.poll_at) / args.poll) - 1
-            self.poll_at = after
-            sim.fig.sent += 1
-            self._send(_POLL, sim.poll_request(self.etag), now)
-        elif self.ship_at <= due:
-            self.ship_at = _next(self.ship_at, args.ship, now)
-            self.seq += 1
-            self._send(
-                _USAGE, sim.post_request(b"/cluster/usage", _records(self.index, self.seq, args.records)), now
-            )
-        elif self.report_at <= due:
-            self.report_at = _next(self.report_at, args.report, now)
-            report = {
-                "host": f"sim-{self.index}",
-                "role": "proxy",
-                "traffic": {"p:p1": 10, "k:k1": 10},
-                "held": {},
-            }
-            self._send(_REPORT, sim.post_request(b"/cluster/report", orjson.dumps(report)), now)
-        else:
-            self.timer_at = min(self.poll_at, self.ship_at, self.report_at)
-            self.timer = self.loop.call_later(self.timer_at - now, self._wake)
-
-    def _wake(self) -> None:
-        self.sim.fig.lag.append(max(0.0, time.monotonic() - self.timer_at))
-        self.timer = None
-        self.pump()
-
-    def _send(self, kind: int, request: bytes, now: float) -> None:
-        assert self.transport is not None
-        self.kind, self.sent = kind, now
-        self.transport.write(request)
-
-    def _answered(self, now: float, body: bytes) -> None:
-        fig, kind, status = self.sim.fig, self.kind, self.status
-        self.kind = 0
-        if kind == _POLL:
-            if status in (200, 304):
-                fig.not_modified += status == 304
-                down = self.sim.down
-                (fig.polls_down if down[0] <= self.sent < down[1] else fig.polls).append(now - self.sent)
-            else:
-                fig.errors += 1
-        elif kind == _USAGE:
-            try:
-                fig.accepted += int(orjson.loads(body)["accepted"]) if status == 200 else 0
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                status = 0
-            if status != 200:
-                fig.refused += self.sim.args.records
-        elif kind == _REPORT:
-            if status == 200:
-                fig.reports += 1
-            else:
-                fig.errors += 1
-        self.pump()
-
-    def timed_out(self, now: float) -> None:
-        if self.kind and now - self.sent > self.sim.args.timeout and self.transport is not None:
-            self.sim.fig.timeouts += 1
-            if self.kind == _USAGE:
-                self.sim.fig.refused += self.sim.args.records
-            self.kind = 0
-            self.transport.abort()  # a late answer would be taken for the next request's: start afresh
-
-    def _failed(self) -> None:
-        self.sim.fig.errors += 1
-        if self.kind == _USAGE:
-            self.sim.fig.refused += self.sim.args.records
-        self.kind = 0
-
-    async def _reconnect(self) -> None:
-        while time.monotonic() < self.sim.until:
-            try:
-                await self.connect()
-            except OSError:  # TimeoutError too
-                self.sim.fig.errors += 1
-                await asyncio.sleep(_RECONNECT)
-                continue
-            self.pump()
-            return
-
-    def close(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _next(at: float, every: float, now: float) -> float:
-    """The next time after ``at`` on its schedule that is not already past: a late host skips, not bunches."""
-    at += every
-    if at < now:
-        at += math.ceil((now - at) / every) * every
-    return at
+MATRIX = "10x1000,100x100,100x500,100x1000,500x100"
+# The principal the simulated records belong to: a day and a month budget that never run out, so that
+# every batch moves its spend counters (``usage_spend``) as a budgeted fleet's does.
+_PRINCIPAL = """
+[[principals]]
+name = "fleet"
+roles = ["chatter"]
+budgets = [{ period = "day", tokens = 1000000000000 }, { period = "month", tokens = 1000000000000 }]
+"""
 
 
 # -- CPU accounting ---------------------------------------------------------------------------------------
@@ -345,6 +104,45 @@ def process_cpu(roots: dict[str, int]) -> dict[str, float]:
     return totals
 
 
+def thread_cpu(root: int) -> dict[str, float]:
+    """CPU seconds so far of each thread of ``root`` and its descendants alive now, by its name and id (a
+    process's main thread, where the control worker's event loop runs, by its pid; Python's threads, the
+    store thread among them, are all named after the process, so told apart by their ids only)."""
+    out: dict[str, float] = {}
+    for pid in _tree(root):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            name = text[text.index(b"(") + 1 : text.rindex(b")")].decode(errors="replace")
+            fields = text[text.rindex(b")") + 2 :].split()
+            label = f"{name} (main, pid {pid})" if tid == str(pid) else f"{name} #{tid}"
+            out[label] = out.get(label, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                children.setdefault(_proc_stat(int(name))[0], []).append(int(name))
+            except (OSError, ValueError, IndexError):
+                continue
+    todo, out = [root], []
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
 def machine_cpu() -> float:
     """CPU seconds all cores have spent busy since boot (not idle, not waiting on I/O)."""
     with open("/proc/stat") as f:
@@ -359,61 +157,215 @@ class CpuUse:
     control: float
     postgres: float
     machine: float
+    threads: dict[str, float] = dataclasses.field(default_factory=dict)  # the control host's, by name
+
+    @property
+    def rest(self) -> float:
+        # /proc/stat and the processes' own counters tick apart: a quiet machine's rest may come out a few
+        # tenths of a second below zero.
+        return max(0.0, self.machine - self.simulator - self.control - self.postgres)
 
 
-async def run(
-    args: argparse.Namespace,
-    port: int,
-    token: str,
-    roots: Callable[[], dict[str, int]],
-    server: PostgresServer,
-) -> tuple[Figures, CpuUse]:
-    sim = Simulation(args, port, token)
-    sim.hosts = [Host(sim, i) for i in range(args.hosts)]
-    for i in range(0, args.hosts, 100):  # connect in groups: a backlog's worth at a time
-        await asyncio.gather(*(host.connect() for host in sim.hosts[i : i + 100]))
-    unconnected = sum(host.transport is None for host in sim.hosts)
-    if unconnected:
-        raise RuntimeError(f"{unconnected} of {args.hosts} hosts have no connection to the control plane")
-    sim.start = time.monotonic() + 0.1
-    sim.until = sim.start + args.seconds
-    # The polls intended are those due before the end; a microsecond's margin keeps the last host 0 would
-    # send (due at the end itself, give or take a rounding of its sum) out of both the count and the run.
-    sim.last_poll = sim.until - 1e-6
-    for host in sim.hosts:
-        host.begin(sim.start)
+@dataclass
+class Outcome:
+    hosts: int
+    rate: float
+    seconds: float
+    fig: dict[str, Any]  # the simulator's Figures, as it sent them
+    cpu: CpuUse
+    load: tuple[float, float]
+    down: tuple[float, float]  # when PostgreSQL was stopped and back (monotonic), or (inf, inf)
+    rows: int = 0  # the run's records in the store
+    distinct: int = 0
 
-    async def sweep() -> None:
-        while time.monotonic() < sim.until + args.timeout:
-            await asyncio.sleep(0.1)
-            now = time.monotonic()
-            for host in sim.hosts:
-                host.timed_out(now)
+    def polls(self, during: bool) -> list[float]:
+        low, high, measured = self.down[0], self.down[1], self.fig["measured"]
+        return [
+            lat for sent, lat, _ in self.fig["polls"] if sent >= measured and (low <= sent < high) == during
+        ]
 
-    sweeper = asyncio.create_task(sweep())
-    before, own, busy, started = process_cpu(roots()), os.times(), machine_cpu(), time.monotonic()
-    if args.postgres_down:
-        await asyncio.sleep((args.seconds - args.postgres_down) / 2)
-        sim.down = (time.monotonic(), math.inf)  # polls sent while it stops count as sent during the outage
-        await asyncio.to_thread(server.stop)
-        await asyncio.sleep(args.postgres_down)
-        sim.down = (sim.down[0], time.monotonic())
-        await asyncio.to_thread(server.start)
-    await asyncio.sleep(max(0.0, sim.until - time.monotonic()))
-    after, own_after, busy_after = process_cpu(roots()), os.times(), machine_cpu()
-    cpu = CpuUse(
-        time.monotonic() - started,
-        own_after.user + own_after.system - own.user - own.system,
-        after["control"] - before["control"],
-        after["postgres"] - before["postgres"],
-        busy_after - busy,
-    )
-    while any(host.kind for host in sim.hosts) and time.monotonic() < sim.until + args.timeout:
-        await asyncio.sleep(0.05)  # the answers still in flight
-    sweeper.cancel()
-    for host in sim.hosts:
-        host.close()
-    return sim.fig, cpu
+    def not_modified(self) -> float:
+        """The share of the measured polls answered 304."""
+        polls: list[int] = [hit for sent, _, hit in self.fig["polls"] if sent >= self.fig["measured"]]
+        return sum(polls) / max(1, len(polls))
+
+
+class Bench:
+    """PostgreSQL and one control host, started once; runs of simulated hosts against them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from tests.fixtures.postgres import PostgresServer, _bindir
+
+        bindir = _bindir()
+        if bindir is None:
+            sys.exit("PostgreSQL is not installed (Debian's postgresql package)")
+        self.args = args
+        self.server: PostgresServer = PostgresServer(
+            bindir, Path(tempfile.mkdtemp(prefix="gateway-control-sim-postgres-"))
+        )
+        if args.pg_stat:
+            self.server.settings.append("shared_preload_libraries=pg_stat_statements")
+        if args.synchronous_commit or args.postgres_down:
+            # The tests' throwaway cluster acknowledges a commit before its WAL is written: a server killed
+            # then (``--postgres-down`` stops it so: runuser kills it 2 s after SIGTERM) loses the last few
+            # hundred milliseconds of commits, which a real one with synchronous_commit on keeps.
+            self.server.settings.append("synchronous_commit=on")
+        self.token = secrets.token_urlsafe(24)
+        self.control: Any = None
+        self.tmp: Path | None = None
+        self.runs = 0
+
+    def start(self) -> None:
+        import httpx
+        import psycopg
+
+        from tests.fixtures.processes import Gateway, basic_config, free_port, wait_until
+
+        self.server.start()
+        self.url = self.server.url(self.server.create_database())
+        if self.args.pg_stat:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION pg_stat_statements")
+        env = {"GATEWAY_CLUSTER_TOKEN": self.token, "GATEWAY_HASH_KEY": secrets.token_hex(32)}
+        self.port = free_port()
+        extra = ["--role", "control", "--admin-port", str(self.port), "--database", self.url]
+        if self.args.ingest_queue_max:
+            extra += ["--ingest-queue-max", str(self.args.ingest_queue_max)]
+        tmp = self.tmp = Path(tempfile.mkdtemp(prefix="gateway-control-sim-"))
+        config = basic_config({"a": "http://127.0.0.1:9"}, extra=_PRINCIPAL)
+        self.control = Gateway(tmp, config, workers=1, extra=tuple(extra), env=env, wait=False)
+        base = f"http://127.0.0.1:{self.port}"
+        auth = {"authorization": f"Bearer {self.token}"}
+        wait_until(
+            lambda: httpx.get(f"{base}/cluster/healthz", headers=auth).status_code == 200,
+            timeout=30,
+            what="control plane",
+        )
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute("SELECT id FROM principals WHERE name = 'fleet'").fetchone()
+        assert row is not None
+        self.principal = str(row[0])
+        self.prefilled = 0
+        if self.args.prefill_rows:
+            took = control_fill.prefill(
+                self.url, self.args.prefill_rows, self.args.prefill_days, self.principal
+            )
+            self.prefilled = self.args.prefill_rows
+            print(f"prefilled {self.prefilled:,} rows over {self.args.prefill_days} days in {took:.0f} s")
+        # One record first, which opens the principal's budget windows (one indexed sum of what the
+        # prefill gave it, then never again): a live fleet's windows are open long before.
+        began = time.monotonic()
+        one = Params(
+            self.port, self.token, 1, 0.0, 0.0, 1.0, 1.0, 0.0, 10.0, 30.0, 0.0, "warm", self.principal
+        )
+        from perf.control_sim_hosts import Simulation
+
+        body = Simulation(one).usage_body(0, 0, 1)
+        answer = httpx.post(f"{base}/cluster/usage", content=body, headers=auth, timeout=120)
+        answer.raise_for_status()
+        print(f"first batch (opens the budget windows) answered in {time.monotonic() - began:.2f} s")
+        self.warm = 1
+
+    def roots(self, simulator: int) -> dict[str, int]:  # PostgreSQL's pid changes when an outage restarts it
+        assert self.server.proc is not None
+        return {"control": self.control.proc.pid, "postgres": self.server.proc.pid, "simulator": simulator}
+
+    def run(self, hosts: int, rate: float) -> Outcome:
+        args = self.args
+        self.runs += 1
+        tag = f"r{self.runs:02d}-"
+        if args.pg_stat:
+            control_fill.reset_statements(self.url)
+        params = Params(
+            self.port, self.token, hosts, args.seconds, args.warmup, args.poll, args.ship, rate, args.report,
+            args.timeout, args.drain, tag, self.principal,
+        )  # fmt: skip
+        since, load = time.time() - 5.0, os.getloadavg()[0]
+        figures = Path(tempfile.mkstemp(prefix="gateway-control-sim-figures-")[1])
+        env = {
+            **os.environ,
+            "CONTROL_SIM_HOSTS": orjson.dumps(dataclasses.asdict(params)).decode(),
+            "CONTROL_SIM_FIGURES": str(figures),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "perf.control_sim_hosts"], stdout=subprocess.PIPE, env=env
+        )
+        assert proc.stdout is not None
+        down = [float("inf"), float("inf")]
+        before: dict[str, float] = {}
+        busy = started = 0.0
+        threads: dict[str, float] = {}
+        outage: threading.Thread | None = None
+        cpu: CpuUse | None = None
+        for line in proc.stdout:
+            if line == b"start\n":
+                before, busy, started = process_cpu(self.roots(proc.pid)), machine_cpu(), time.monotonic()
+                threads = thread_cpu(self.control.proc.pid)
+                if args.postgres_down:
+                    outage = threading.Thread(target=self._outage, args=(down,))
+                    outage.start()
+            elif line == b"end\n":
+                after, busy_after = process_cpu(self.roots(proc.pid)), machine_cpu()
+                cpu = CpuUse(
+                    time.monotonic() - started,
+                    after["simulator"] - before["simulator"],
+                    after["control"] - before["control"],
+                    after["postgres"] - before["postgres"],
+                    busy_after - busy,
+                )
+                threads_after = thread_cpu(self.control.proc.pid)
+                cpu.threads = {k: v - threads.get(k, 0.0) for k, v in threads_after.items()}
+        try:
+            if proc.wait() != 0 or cpu is None:
+                raise RuntimeError(f"the simulator failed (exit status {proc.returncode})")
+            fig = orjson.loads(figures.read_bytes())
+        finally:
+            figures.unlink()
+        if outage is not None:
+            outage.join()
+        out = Outcome(hosts, rate, args.seconds, fig, cpu, (load, os.getloadavg()[0]), (down[0], down[1]))
+        out.rows, out.distinct = control_fill.stored(self.url, tag, since)
+        report(out, args)
+        if args.pg_stat:
+            for total, calls, rows, query in control_fill.top_statements(self.url):
+                print(f"  pg: {total:9.0f} ms {calls:7d} calls {rows:10.0f} rows  {query}")
+        return out
+
+    def _outage(self, down: list[float]) -> None:
+        # From the start of the measured seconds: the outage falls in their middle.
+        args = self.args
+        time.sleep((args.seconds - args.postgres_down) / 2)
+        down[0] = time.monotonic()  # polls sent while it stops count as sent during the outage
+        self.server.stop()
+        time.sleep(args.postgres_down)
+        down[1] = time.monotonic()
+        self.server.start()
+
+    def check(self, outcomes: list[Outcome]) -> None:
+        """The whole table against the prefill and every record accepted; the spend counters."""
+        accepted = sum(int(o.fig["accepted"]) for o in outcomes)
+        total = control_fill.count_all(self.url)
+        print(
+            f"usage table: {total:,} rows = prefill {self.prefilled:,} + first batch {self.warm} + "
+            f"{total - self.prefilled - self.warm:,} stored by the runs, against {accepted:,} accepted: "
+            f"{'equal' if total - self.prefilled - self.warm == accepted else 'DIFFERENT'}"
+        )
+        for period, kept, summed in control_fill.spend_check(self.url, self.principal):
+            state = "equal" if kept == summed else "DIFFERENT"
+            print(
+                f"spend counter, {period}: {kept:,} tokens kept, {summed:,} summed from the records ({state})"
+            )
+
+    def stop(self) -> None:
+        """Stop both and remove their directories (a 10M-row table takes gigabytes)."""
+        try:
+            if self.control is not None:
+                self.control.stop()
+            self.server.stop()
+        finally:
+            for path in (self.tmp, self.server.base):
+                if path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -428,103 +380,125 @@ def _ms(values: list[float]) -> str:
     return f"p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms, max {top * 1000:.1f} ms"
 
 
-def report(args: argparse.Namespace, fig: Figures, cpu: CpuUse, load: tuple[float, float]) -> None:
-    polls = fig.polls
-    done = len(polls) + len(fig.polls_down)
+def report(o: Outcome, args: argparse.Namespace) -> None:
+    fig, cpu = o.fig, o.cpu
+    polls, during = o.polls(False), o.polls(True)
+    done = len(fig["polls"])
+    accepted, in_run = int(fig["accepted"]), int(fig["accepted_in_run"])
     print(
-        f"hosts {args.hosts}, {args.seconds:.0f} s, poll every {args.poll} s, {args.records} records every "
-        f"{args.ship} s per host; load average {load[0]:.2f} at start, {load[1]:.2f} at end"
+        f"\n{o.hosts} hosts x {o.rate:g} records/s ({o.hosts * o.rate:,.0f}/s offered), {args.warmup:.0f} s "
+        f"of warm-up then {o.seconds:.0f} s measured, poll every {args.poll} s, a batch every {args.ship} s; "
+        f"load average {o.load[0]:.2f} at start, {o.load[1]:.2f} at end"
     )
     print(
-        f"polls done {done} of {fig.intended} intended ({done / max(1, fig.intended):.0%}), {fig.sent} sent, "
-        f"{fig.skipped} skipped (due while the host waited for an earlier answer), {fig.not_modified} "
-        f"were 304: {'with PostgreSQL up ' if args.postgres_down else ''}{_ms(polls)}; errors {fig.errors}, "
-        f"timeouts {fig.timeouts}"
+        f"polls done {done} of {fig['intended']} intended ({done / max(1, fig['intended']):.0%}), "
+        f"{fig['sent']} sent, {fig['skipped']} skipped (due while the host waited for an earlier answer), "
+        f"{fig['not_modified']} were 304; errors {fig['errors']}, timeouts {fig['timeouts']}; measured: "
+        f"{len(polls) + len(during)} polls, {o.not_modified():.0%} were 304, "
+        f"{'with PostgreSQL up ' if args.postgres_down else ''}{_ms(polls)}"
     )
     if args.postgres_down:
         print(
-            f"polls sent while PostgreSQL was down ({args.postgres_down:.0f} s): {len(fig.polls_down)}, "
-            f"{_ms(fig.polls_down)}"
+            f"polls sent while PostgreSQL was down ({args.postgres_down:.0f} s): {len(during)}, {_ms(during)}"
         )
-    print(f"simulator's timers fired late by {_ms(fig.lag)} (its own event loop's delay)")
+    print(f"simulator's timers fired late by {_ms(fig['lag'])} (its own event loop's delay)")
     print(
-        f"usage records accepted {fig.accepted} ({fig.accepted / args.seconds:,.0f}/s), "
-        f"refused {fig.refused}; reports answered {fig.reports}"
+        f"usage records made {fig['made']:,}, accepted in the measured seconds {in_run:,} "
+        f"({in_run / o.seconds:,.0f}/s), in all {accepted:,}, still held {fig['left']:,}; "
+        f"{fig['busy']} batches ({fig['busy_records']:,} records) answered 503 ingest_busy; "
+        f"batches answered 200, measured: "
+        f"{len(fig['batches'])}, {_ms(fig['batches'])}; reports answered {fig['reports']}"
     )
-    per_poll = 1e6 / max(1, done)
-    # /proc/stat and the processes' own counters tick apart: a quiet machine's rest may come out a few
-    # tenths of a second below zero.
-    rest = max(0.0, cpu.machine - cpu.simulator - cpu.control - cpu.postgres)
+    print(
+        f"store: {o.rows:,} rows of this run, {o.distinct:,} distinct request ids; accepted and not stored "
+        f"{accepted - o.distinct:,}, stored twice {o.rows - o.distinct:,}"
+    )
+    per = 1e6 / max(1, in_run)
     print(
         f"CPU seconds over {cpu.seconds:.1f} s on {os.cpu_count()} cores: simulator {cpu.simulator:.1f} "
-        f"({cpu.simulator / cpu.seconds:.0%} of a core, {cpu.simulator * per_poll:.0f} µs per poll), "
-        f"control host {cpu.control:.1f} ({cpu.control / cpu.seconds:.0%}, "
-        f"{cpu.control * per_poll:.0f} µs per poll), "
-        f"PostgreSQL {cpu.postgres:.1f}, the rest of the machine {rest:.1f}"
+        f"({cpu.simulator / cpu.seconds:.0%} of a core), control host {cpu.control:.1f} "
+        f"({cpu.control / cpu.seconds:.0%}, {cpu.control * per:.1f} µs per accepted record), PostgreSQL "
+        f"{cpu.postgres:.1f} ({cpu.postgres / cpu.seconds:.0%}, {cpu.postgres * per:.1f} µs per record), "
+        f"the rest of the machine {cpu.rest:.1f}"
         + (" (PostgreSQL's omits the processes the outage stopped)" if args.postgres_down else "")
     )
+    top = sorted(cpu.threads.items(), key=lambda kv: -kv[1])[:6]
+    print("control host's threads: " + ", ".join(f"{name} {sec:.1f} s" for name, sec in top))
+
+
+def table(outcomes: list[Outcome]) -> None:
+    """The runs as the Markdown table of perf/README.md."""
+    print(
+        "\n| hosts x rec/s | offered rec/s | accepted rec/s | batch p50 | batch p99 | 503 busy | poll p99 "
+        "| 304 share | PostgreSQL µs/rec | control µs/rec | simulator CPU | load at start | rest | "
+        "lost, twice |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for o in outcomes:
+        fig, cpu = o.fig, o.cpu
+        in_run = max(1, int(fig["accepted_in_run"]))
+        polls = o.polls(False)
+        print(
+            f"| {o.hosts} x {o.rate:,.0f} | {o.hosts * o.rate:,.0f} | {in_run / o.seconds:,.0f} | "
+            f"{_pct(fig['batches'], 0.5) * 1000:,.0f} ms | {_pct(fig['batches'], 0.99) * 1000:,.0f} ms | "
+            f"{fig['busy']} | {_pct(polls, 0.99) * 1000:.0f} ms | {o.not_modified():.0%} | "
+            f"{cpu.postgres * 1e6 / in_run:.1f} | {cpu.control * 1e6 / in_run:.1f} | "
+            f"{cpu.simulator / cpu.seconds:.0%} | {o.load[0]:.2f} | {cpu.rest:.1f} | "
+            f"{int(fig['accepted']) - o.distinct}, {o.rows - o.distinct} |"
+        )
+
+
+def _rows(text: str) -> list[tuple[int, float]]:
+    out = []
+    for item in text.split(","):
+        hosts, rate = item.lower().split("x")
+        out.append((int(hosts), float(rate)))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m perf.control_sim", description=__doc__.split("\n")[0])
     parser.add_argument("--hosts", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="seconds measured, after --warmup")
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds of load before those measured")
     parser.add_argument("--poll", type=float, default=0.25, help="seconds between snapshot polls per host")
     parser.add_argument("--ship", type=float, default=1.0, help="seconds between usage batches per host")
     parser.add_argument("--records", type=int, default=10, help="usage records per batch (0: none)")
+    parser.add_argument("--rate", type=float, default=None, help="records a second per host (for --records)")
     parser.add_argument("--report", type=float, default=10.0, help="seconds between health reports per host")
-    parser.add_argument("--timeout", type=float, default=5.0)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a host waits for an answer")
+    parser.add_argument("--drain", type=float, default=120.0, help="seconds the hosts have after a run to "
+                        "send what they still hold")  # fmt: skip
     parser.add_argument("--postgres-down", type=float, default=0.0, help="seconds of PostgreSQL outage")
+    parser.add_argument("--prefill-rows", type=int, default=0, help="fill the usage table to N rows first")
+    parser.add_argument("--prefill-days", type=int, default=7, help="days the prefilled rows spread over")
+    parser.add_argument("--matrix", action="store_true", help=f"run the fleet rows ({MATRIX})")
+    parser.add_argument("--rows", default=None, help="rows to run, HOSTSxRATE,... (implies --matrix)")
+    parser.add_argument("--ingest-queue-max", type=int, default=0, help="the control host's (0: its default)")
+    parser.add_argument(
+        "--synchronous-commit",
+        action="store_true",
+        help="PostgreSQL's commits wait for their WAL (the tests' do not; --postgres-down implies it)",
+    )
+    parser.add_argument("--pg-stat", action="store_true", help="report pg_stat_statements for each run")
+    parser.add_argument("--pause", type=float, default=3.0, help="seconds between the runs of a matrix")
     args = parser.parse_args()
+    if args.rows or args.matrix:
+        runs = _rows(args.rows or MATRIX)
+    else:
+        runs = [(args.hosts, args.rate if args.rate is not None else args.records / args.ship)]
 
-    from tests.fixtures.postgres import PostgresServer, _bindir
-    from tests.fixtures.processes import Gateway, basic_config, free_port, wait_until
-
-    bindir = _bindir()
-    if bindir is None:
-        sys.exit("PostgreSQL is not installed (Debian's postgresql package)")
-    tmp = Path(tempfile.mkdtemp(prefix="gateway-control-sim-"))
-    server = PostgresServer(bindir, Path(tempfile.mkdtemp(prefix="gateway-control-sim-postgres-")))
-    server.start()
-    token = secrets.token_urlsafe(24)
-    env = {"GATEWAY_CLUSTER_TOKEN": token, "GATEWAY_HASH_KEY": secrets.token_hex(32)}
-    admin_port = free_port()
-    control = None
+    bench = Bench(args)
+    outcomes: list[Outcome] = []
     try:
-        database = server.url(server.create_database())
-        control = Gateway(
-            tmp,
-            basic_config({"a": "http://127.0.0.1:9"}),
-            workers=1,
-            extra=("--role", "control", "--admin-port", str(admin_port), "--database", database),
-            env=env,
-            wait=False,
-        )
-        url = f"http://127.0.0.1:{admin_port}"
-        import httpx
-
-        wait_until(
-            lambda: (
-                httpx.get(f"{url}/cluster/healthz", headers={"authorization": f"Bearer {token}"}).status_code
-                == 200
-            ),
-            timeout=30,
-            what="control plane",
-        )
-        gateway_pid = control.proc.pid
-
-        def roots() -> dict[str, int]:  # PostgreSQL's pid changes when the outage restarts it
-            assert server.proc is not None
-            return {"control": gateway_pid, "postgres": server.proc.pid}
-
-        load = os.getloadavg()[0]
-        fig, cpu = uvloop.run(run(args, admin_port, token, roots, server))
-        load_end = os.getloadavg()[0]
+        bench.start()
+        for i, (hosts, rate) in enumerate(runs):
+            if i:
+                time.sleep(args.pause)
+            outcomes.append(bench.run(hosts, rate))
+        bench.check(outcomes)
     finally:
-        if control is not None:
-            control.stop()
-        server.stop()
-    report(args, fig, cpu, (load, load_end))
+        bench.stop()
+    table(outcomes)
 
 
 if __name__ == "__main__":

@@ -227,6 +227,11 @@ class ClusterApp:
 
     async def usage(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
         values = _batch(body, "usage", "record", _value)
+        # One batch larger than the bound is taken when nothing waits, so that no batch is refused forever.
+        # Checked before the records are decoded and checked (a few µs each, on the event loop): under
+        # overload many batches are refused here, and their records were read only to be thrown away.
+        if self._pending and self._pending + len(values) > self.ingest_max:
+            raise self._busy()
         records: list[UsageRecord] = []
         rejected: list[RejectedRecord] = []
         for value in values:
@@ -234,9 +239,6 @@ class ClusterApp:
                 records.append(record_from_values(value))
             except ValueError as exc:  # set aside by the sink, which counts and logs them
                 rejected.append(RejectedRecord.of(orjson.dumps(value), "cluster", f"invalid: {exc}"))
-        # One batch larger than the bound is taken when nothing waits, so that no batch is refused forever.
-        if self._pending and self._pending + len(values) > self.ingest_max:
-            raise self._busy()
         self._pending += len(values)
         try:
             await self._store(records, rejected)

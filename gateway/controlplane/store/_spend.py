@@ -94,20 +94,27 @@ def add_new(tx: Transaction, records: Iterable[UsageRecord], periods: dict[str, 
     opening from the stored records the windows that have no rows yet."""
     deltas: dict[_WindowAt, _Delta] = {}
     principal_of: dict[str, str] = {}  # key owner -> a principal of its records, to narrow the opening
+    # Per period, the last window found: a batch's records end close together, and working a window out
+    # (a month's takes calendar arithmetic) for every record and period was a fifth of a batch's cost.
+    windows: dict[str, tuple[float, float]] = {}
     for r in records:
-        if r.total_tokens <= 0 and r.cost_nanos <= 0:
+        tokens, cost, ts = r.total_tokens, r.cost_nanos, r.ts
+        if tokens <= 0 and cost <= 0:
             continue  # adds nothing; its window is opened by a record that does
         key_owner = KEY_OWNER + r.key_id
         for owner, held in ((r.principal_id, r.budget_keys), (key_owner, r.key_budget_keys)):
             for period in periods.get(owner, ()):
-                start, end = period_window(period, r.ts)
-                delta = deltas.get((owner, period, start))
+                window = windows.get(period)
+                if window is None or not window[0] <= ts < window[1]:
+                    window = windows[period] = period_window(period, ts)
+                delta = deltas.get((owner, period, window[0]))
                 if delta is None:
-                    delta = deltas[(owner, period, start)] = _Delta(end)
-                delta.add(_TOTAL, r.total_tokens, r.cost_nanos)
-                for key in set(held or ()):  # a counter named twice held the record once
-                    if 0 < key < 2**64:
-                        delta.add(_signed(key), r.total_tokens, r.cost_nanos)
+                    delta = deltas[(owner, period, window[0])] = _Delta(window[1])
+                delta.add(_TOTAL, tokens, cost)
+                if held:
+                    for key in set(held):  # a counter named twice held the record once
+                        if 0 < key < 2**64:
+                            delta.add(_signed(key), tokens, cost)
         if key_owner in periods:
             principal_of.setdefault(key_owner, r.principal_id)
     if not deltas:

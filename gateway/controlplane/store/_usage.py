@@ -99,35 +99,29 @@ class UsageStore:
     ) -> list[UsageRecord]:
         """Write the records not stored yet, in one transaction (a stored request id is skipped).
 
-        Returns which of the records ``watch`` selects were new. Only those are looked up first: most
-        callers care about a few, and the insert itself ignores the rest of the duplicates. ``clamped``
-        names, by request id, the fields of records whose figures were clamped (``bound_record``); they are
-        stored with those names. Raises StoreDataError (or StoreConflict) when the database refused a value
-        of one of them: then nothing was written."""
+        Returns which of the records ``watch`` selects were new: those this transaction inserted, as the
+        insert itself says (each key's first record), so that no lookup of the stored ids comes before
+        it. That lookup (``request_id IN (...)`` per 500 ids, bounded by the batch's end times) cost
+        PostgreSQL more than the insert on a fleet's budgeted records, all of them watched, and grew with
+        the batches that the store joins when it is behind. ``clamped`` names, by request id, the fields
+        of records whose figures were clamped (``bound_record``); they are stored with those names.
+        Raises StoreDataError (or StoreConflict) when the database refused a value of one of them: then
+        nothing was written."""
         if not records:
             return []
         watched = list(filter(watch, records)) if watch is not None else []
         with self._driver.transaction(write=True) as tx:
-            seen: set[str] = set()
-            ids = list({r.request_id for r in watched})
-            # Their end times bound the search: on PostgreSQL only the partitions they fall in are read.
-            low, high = (min(r.ts for r in watched), max(r.ts for r in watched)) if watched else (0.0, 0.0)
-            for i in range(0, len(ids), _CHUNK):
-                chunk = ids[i : i + _CHUNK]
-                marks = ", ".join(["?"] * len(chunk))
-                sql = f"SELECT request_id FROM usage_records WHERE request_id IN ({marks})"
-                found = tx.query(f"{sql} AND ts BETWEEN ? AND ?", [*chunk, low, high])
-                seen.update(row[0] for row in found)
             # Owners with budgets keep their spend in counters (``_spend``), to which only the records this
             # transaction inserts add: the driver says which those are.
             periods = counters.budgeted(tx, records)
             counted = bool(periods)
+            returning = counted or bool(watched)
             # The rows as exact tuples (sqlite3 binds those fastest), made as the driver reads them: a
             # record's own values with its trace and budget key lists as JSON text (``UsageRecord.row``).
             inserted: list[Any] = []
             if not clamped:
                 inserted = tx.insert_new(
-                    "usage_records", _NAMES, self._key, map(_row, records), returning=counted
+                    "usage_records", _NAMES, self._key, map(_row, records), returning=returning
                 )
             else:  # rare: the flagged ones apart, so that the others' rows stay as they are made
                 plain = [r for r in records if r.request_id not in clamped]
@@ -136,20 +130,16 @@ class UsageStore:
                 ]
                 if plain:
                     inserted += tx.insert_new(
-                        "usage_records", _NAMES, self._key, map(_row, plain), returning=counted
+                        "usage_records", _NAMES, self._key, map(_row, plain), returning=returning
                     )
                 if flagged:
                     inserted += tx.insert_new(
-                        "usage_records", (*_NAMES, "clamped"), self._key, flagged, returning=counted
+                        "usage_records", (*_NAMES, "clamped"), self._key, flagged, returning=returning
                     )
-            if counted and inserted:
-                counters.add_new(tx, _first_of(records, {tuple(k) for k in inserted}), periods)
-        new: list[UsageRecord] = []
-        for record in watched:
-            if record.request_id not in seen:
-                seen.add(record.request_id)
-                new.append(record)
-        return new
+            keys = {tuple(k) for k in inserted}
+            if counted and keys:
+                counters.add_new(tx, _first_of(records, set(keys)), periods)
+        return list(_first_of(watched, keys)) if watched else []
 
     def set_aside(self, rejected: Sequence[RejectedRecord]) -> None:
         """Keep records that could not be stored, once each (by their hash), in one transaction."""
@@ -352,9 +342,12 @@ def _json(text: object) -> Any:
 def _first_of(records: Sequence[UsageRecord], keys: set[tuple[Any, ...]]) -> Iterator[UsageRecord]:
     """The records whose key (request id, and end time where it is part of the key) is in ``keys``, each
     key's first only (the one an insert stores)."""
+    if not keys:
+        return
+    # Every key has the same width: the table's key, (request id, end time) on PostgreSQL.
+    width = len(next(iter(keys)))
     for r in records:
-        for key in ((r.request_id,), (r.request_id, r.ts)):
-            if key in keys:
-                keys.discard(key)
-                yield r
-                break
+        key = (r.request_id, r.ts) if width == 2 else (r.request_id,)
+        if key in keys:
+            keys.discard(key)
+            yield r
