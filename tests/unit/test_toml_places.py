@@ -70,8 +70,8 @@ def test_every_problem_of_a_file_is_one_line_with_its_line_number() -> None:
         parse_config(tomllib.loads(text), "gw.toml", text)
     assert caught.value.message.splitlines() == [
         "gw.toml:4: backends[0].wibble: unknown field (expected one of: api_key, api_key_env,"
-        " api_key_file, connect_timeout, credentials, first_byte_timeout, health_path, kv_high_water,"
-        " max_concurrency, name, protocol, queue_size, queue_timeout, read_timeout, reserved_places,"
-        " responses_api, url, waiting_high_water)",
+        " api_key_file, connect_timeout, credentials, first_byte_timeout, health_path, kv_events,"
+        " kv_high_water, max_concurrency, name, protocol, queue_size, queue_timeout, read_timeout,"
+        " reserved_places, responses_api, url, waiting_high_water)",
         "gw.toml:3: backends[0].url: must be an http:// or https:// URL",
     ]
