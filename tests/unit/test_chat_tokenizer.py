@@ -5,6 +5,7 @@ trained in the test (no network)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -70,14 +71,19 @@ def test_pieces_between_added_tokens_are_encoded_once_and_as_the_whole_would_be(
     assert sum(1 for piece in tok._segments if piece.startswith("system")) == 1
 
 
+def variant(model: Path, directory: Path, doc: dict[str, Any]) -> Path:
+    """A copy of ``model`` in ``directory`` whose tokenizer.json is ``doc``."""
+    directory.mkdir()
+    (directory / "tokenizer.json").write_bytes(orjson.dumps(doc))
+    (directory / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    return directory
+
+
 def test_added_tokens_that_strip_whitespace_turn_piecewise_encoding_off(model: Path, tmp_path: Path) -> None:
     doc = orjson.loads((model / "tokenizer.json").read_bytes())
     for token in doc["added_tokens"]:
         token["lstrip"] = True
-    other = tmp_path / "strip"
-    other.mkdir()
-    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
-    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    other = variant(model, tmp_path / "strip", doc)
     tok = ChatTokenizer.load(str(other))
     text = tok.render([{"role": "user", "content": "hi  "}])
     assert tok._split is None
@@ -102,10 +108,7 @@ def test_a_pre_tokenizer_that_treats_the_first_piece_apart_turns_it_off(model: P
     doc = orjson.loads((model / "tokenizer.json").read_bytes())
     doc["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}
     doc["decoder"] = None
-    other = tmp_path / "metaspace"
-    other.mkdir()
-    (other / "tokenizer.json").write_bytes(orjson.dumps(doc))
-    (other / "tokenizer_config.json").write_bytes((model / "tokenizer_config.json").read_bytes())
+    other = variant(model, tmp_path / "metaspace", doc)
     tok = ChatTokenizer.load(str(other))
     text = tok.render([{"role": "user", "content": "hi there"}])
     assert tok._split is None
