@@ -263,7 +263,19 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
                 matched += float(line.split()[-1])
         return answered, sent, matched
 
-    answered_before, sent_before, matched_before = counters()
+    def settled() -> tuple[float, float, float]:
+        """The counters once every worker has published all it counted: two reads a publish apart (each
+        worker writes its document every second) that agree. The test before this one may have answers
+        still unpublished, and a baseline without them would let this test's wait end early."""
+        last = counters()
+        while True:
+            time.sleep(1.2)
+            now = counters()
+            if now == last:
+                return now
+            last = now
+
+    answered_before, sent_before, matched_before = settled()
     for e in fresh:
         e.configure(delay=0.3)
     system = "You are a careful assistant. " * 40
@@ -302,7 +314,7 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
     # answer, so once the 24 answers show, so do all 24 prefix counts. Every turn after a conversation's
     # first was held whole but for its new user turn; the first turns after the first held the system prompt.
     wait_until(lambda: counters()[0] >= answered_before + 24, what="every worker's answers in /metrics")
-    _, sent, matched = counters()
+    _, sent, matched = settled()
     sent, matched = sent - sent_before, matched - matched_before
     assert 0.5 < matched / sent < 1
     assert "gateway_prefix_index_pairs_total" in rules_env.admin("GET", "/metrics").text
