@@ -559,7 +559,18 @@ def test_a_store_that_falls_behind_gets_batches_later_never_lost_nor_twice(
         (proxy,) = cluster.start_proxies(1)
         key = cluster.cli("keys", "create", "--principal", "alice")
         cluster.wait_key_live(key)
-        wait_until(lambda: chat(proxy, key).status_code == 200, timeout=5, what="key live")
+        live: list[str] = []
+
+        def answered() -> bool:
+            resp = chat(proxy, key)
+            if resp.status_code == 200:
+                live.append(resp.headers["x-request-id"])
+            return bool(live)
+
+        wait_until(answered, timeout=5, what="key live")
+        # That request's record is stored before the store is made to fall behind: a batch of the proxy
+        # host's own must not be the one in the store's hands, or ours would be refused instead.
+        wait_until(lambda: live[0] in cluster.records(), timeout=15, what="the first record stored")
         spool = proxy.data_dir / "usage-spool"
         auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
         other = encode_record(
