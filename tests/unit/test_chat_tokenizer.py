@@ -4,11 +4,14 @@ trained in the test (no network)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from gateway.routing.chat_tokenizer import ChatTokenizer, TokenizerError, loaded
@@ -127,3 +130,59 @@ def test_a_body_of_many_messages_renders_only_those_that_reach_the_limit(model: 
     assert cut.ids == few.ids  # the same leading messages, rendered and cut alike
     # The share counts the messages left unrendered: about 2,000 of 20,000 x ~80 characters.
     assert 0 < cut.share < 0.002
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "user", "assistant", "tool", "", "<|im_end|>"])},
+    optional={
+        "content": st.text(max_size=200)
+        | st.lists(st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]), "text": _JSON})),
+        "name": _JSON,
+    },
+)
+_BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "messages": st.lists(_MESSAGE, max_size=6) | _JSON,
+        "system": st.text(max_size=100) | _JSON,
+        "tools": _JSON,
+        "prompt": st.text(max_size=200) | _JSON,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@given(body=_BODY | _JSON, limit=st.integers(min_value=1, max_value=300))
+def test_any_body_gives_ids_or_none_never_an_error(body: Any, limit: int) -> None:
+    """What a client may send, as the request path hands it to the pool's tokenizer: ids within the limit
+    and a share in (0, 1], or None; never an exception on the request path."""
+    tok = _TINY.get()
+    got = tok.request_prompt(orjson.dumps(body), limit=limit)
+    if got is not None:
+        assert 0 < got.share <= 1
+        assert all(isinstance(i, int) for i in got.ids)
+
+
+class _Tiny:
+    """One tiny model for the property test's examples (a function-scoped fixture would be made once and
+    shared anyway; hypothesis refuses those)."""
+
+    def __init__(self) -> None:
+        self._tok: ChatTokenizer | None = None
+
+    def get(self) -> ChatTokenizer:
+        if self._tok is None:
+            self._tok = ChatTokenizer.load(str(write_tiny_model(Path(tempfile.mkdtemp()) / "tiny")))
+        return self._tok
+
+
+_TINY = _Tiny()
