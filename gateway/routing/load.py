@@ -28,6 +28,7 @@ class EngineState:
     kind: str | None = None
     waiting: int | None = None
     running: int | None = None
+    host_in_flight: int | None = None  # this host's requests on the backend when ``running`` was read
     kv_cache: float | None = None
     ceiling: int | None = None  # the gate's current ceiling; None when the backend has no gate
     healthy: bool = True  # False once active probes failed; passive health is the worker's own
@@ -50,6 +51,7 @@ def engine_states(doc: dict[str, Any] | None) -> dict[str, EngineState]:
             kind=line.get("kind") if isinstance(line.get("kind"), str) else None,
             waiting=_int(line.get("waiting")),
             running=_int(line.get("running")),
+            host_in_flight=_int(line.get("host_in_flight")),
             kv_cache=float(kv) if isinstance(kv, (int, float)) and not isinstance(kv, bool) else None,
             ceiling=_int(line.get("ceiling")),
             healthy=line.get("healthy") is not False,

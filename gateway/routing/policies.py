@@ -11,15 +11,16 @@ the fallback the forwarder walks if the first fails.
   ceiling (the pool's ``max_inflight`` or the gate's current ceiling) the least-loaded of the others goes
   first instead.
 - ``engine_load``: fewest ``num_requests_waiting``, then fewest running, then least KV-cache use, from the
-  engines' own metrics; running is the larger of the engine's count (a scrape old) and the host's own
-  in-flight count (exact now), and a backend without metrics is ranked by the in-flight count alone.
+  engines' own metrics; running is the host's own in-flight count (exact now) plus the other hosts' share
+  of the engine's count (a scrape old), and a backend without metrics is ranked by the in-flight count
+  alone.
 - ``cache_aware``: the backend whose engine most likely holds the longest prefix of this prompt, weighed
   against its load. The prompt is rendered as the engine sees it (``gateway.routing.prompt_prefix``) and
   cut into ``block_bytes`` blocks with chained hashes; the host's ``PrefixIndex`` says how many leading
   blocks each backend was sent before. Each target costs the bytes it would have to prefill (the prompt
-  less its matched blocks) plus ``load_cost`` bytes per request it has in flight (this host's count, exact,
-  or the engine's running count when larger, plus the engine's waiting queue). The balance rule comes
-  first: a target loaded more than ``balance_abs`` requests above the least-loaded and more than
+  less its matched blocks) plus ``load_cost`` bytes per request ahead of it (this host's in flight, exact,
+  the other hosts' share of the engine's running count, and the engine's waiting queue). The balance rule
+  comes first: a target loaded more than ``balance_abs`` requests above the least-loaded and more than
   ``balance_rel`` times it goes after every target that is not. Cheapest first; equal costs to the target
   the index holds least for (the most room in its engine's cache, the same in every worker), then in turn.
   The chosen target's blocks are then noted in the index.
@@ -173,11 +174,7 @@ class EngineLoad(Policy):
             flying = load.in_flight(name)
             if state is None or state.waiting is None:
                 return (0, flying, 0.0)
-            # The engine's running count is up to a scrape old; this host's in-flight count is exact now.
-            # The larger of the two keeps a burst between scrapes from all going to one engine, and still
-            # sees what other hosts send it.
-            running = state.running or 0
-            return (state.waiting, running if running > flying else flying, state.kv_cache or 0.0)
+            return (state.waiting, running_now(state, flying), state.kv_cache or 0.0)
 
         return tuple(sorted(self._rotated(), key=rank))
 
@@ -199,16 +196,27 @@ def target_hash(target: Target) -> int:
     return int.from_bytes(blake3(name).digest(8), "little")
 
 
+def running_now(state: EngineState, flying: int) -> int:
+    """The requests an engine runs now, as this host can tell: its own in flight (``flying``, exact now) plus
+    the other hosts' share of the engine's running count (a scrape old: the count less this host's in
+    flight at that moment). A scrape that did not note this host's share gives the larger of the count and
+    ``flying``: that keeps a burst between scrapes off one engine, and still sees other hosts' requests."""
+    running = state.running or 0
+    if state.host_in_flight is not None:
+        others = running - state.host_in_flight
+        return flying + others if others > 0 else flying
+    return running if running > flying else flying
+
+
 def engine_load(target: Target, load: Load) -> int:
-    """Requests ahead of a new one on ``target``'s engine: this host's in flight (exact now) or the
-    engine's running count (a scrape old, but counting other hosts') when larger, plus its waiting queue."""
+    """Requests ahead of a new one on ``target``'s engine: those it runs now (``running_now``) plus its
+    waiting queue; this host's in flight alone for a backend without engine metrics."""
     name = target.backend.name
     flying = load.in_flight(name)
     state = load.engine(name)
     if state is None or state.waiting is None:
         return flying
-    running = state.running or 0
-    return (running if running > flying else flying) + state.waiting
+    return running_now(state, flying) + state.waiting
 
 
 def _epoch_key(key: int, state: EngineState | None) -> int:

@@ -299,7 +299,19 @@ def test_cache_aware_keeps_each_conversation_on_one_engine_across_workers(
         for turn in range(4):
             for c, history in histories.items():
                 history.append({"role": "user", "content": f"conversation {c} asks question {turn} " * 8})
-            list(pool.map(ask, histories))
+            if turn == 0:
+                # The first turns start 20 ms apart, all six in flight together (each takes 0.3 s): each is
+                # decided seeing the ones before it, so they spread 2/2/2. Two workers deciding in the same
+                # instant may both see an engine as emptiest; the 3/2/1 that follows would have the balance
+                # rule move a conversation later, as it should, which is not what this test is about.
+                started = []
+                for c in histories:
+                    started.append(pool.submit(ask, c))
+                    time.sleep(0.02)
+                for f in started:
+                    f.result()
+            else:
+                list(pool.map(ask, histories))
     where: dict[int, list[int]] = {}
     for i, e in enumerate(fresh):
         for rec in completions(e):

@@ -9,7 +9,7 @@ import orjson
 
 from gateway.native import PrefixIndex
 from gateway.routing.load import EngineState, StaticLoad
-from gateway.routing.policies import CacheTuning, make_policy
+from gateway.routing.policies import CacheTuning, engine_load, make_policy
 from gateway.routing.prompt_prefix import rendered_prompt
 from gateway.snapshot import Backend, Target
 
@@ -121,6 +121,25 @@ def test_the_engines_queue_counts_as_load() -> None:
     assert first(p.order(chat("q"), StaticLoad(index=index))) == "a"
     queued = {"a": EngineState(kind="vllm", waiting=12, running=16)}
     assert first(p.order(chat("q", "x", "y"), StaticLoad(engines=queued, index=index))) != "a"
+
+
+def test_a_scrape_counts_other_hosts_requests_not_this_hosts_finished_ones() -> None:
+    """The engine's running count is a scrape old. Taken while this host had 3 requests on "a" that have
+    since ended, it must not keep "a" hot until the next scrape: only the other hosts' share of it (the
+    running count less this host's in flight at that moment) adds to this host's live in flight."""
+    p = policy(load_cost=1, balance_abs=1)
+    index = PrefixIndex.private()
+    assert first(p.order(chat("q"), StaticLoad(index=index))) == "a"
+    stale = {"a": EngineState(kind="vllm", waiting=0, running=3, host_in_flight=3)}
+    assert first(p.order(chat("q", "x", "y"), StaticLoad(engines=stale, index=index))) == "a"
+    # Without this host's share noted, the count is taken whole (an older document): "a" looks hot.
+    unknown = {"a": EngineState(kind="vllm", waiting=0, running=3)}
+    assert first(p.order(chat("q", "x", "y", "z", "w"), StaticLoad(engines=unknown, index=index))) != "a"
+    # Two of the three were another host's: they still count, on top of this host's live in flight.
+    shared = {"a": EngineState(kind="vllm", waiting=0, running=3, host_in_flight=1)}
+    load = StaticLoad(flights={"a": 1}, engines=shared, index=index)
+    assert engine_load(p.targets[0], load) == 3
+    assert first(p.order(chat("q", "x", "y", "z", "w", "v"), load)) != "a"
 
 
 def test_a_target_that_is_down_goes_last_and_is_not_noted() -> None:

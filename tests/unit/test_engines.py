@@ -1,15 +1,24 @@
-"""Engine metrics parsing, gate ceilings and probe health (the scraper's logic, without sockets)."""
+"""Engine metrics parsing, gate ceilings and probe health (the scraper's logic), and one round of the scraper
+against a real HTTP server on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import http.server
+import threading
 import time
 
+import httpx
+import orjson
 import pytest
 
 from gateway.controlplane.fleet.engines import FAILURES_TO_MARK_DOWN, BackendWatch, EngineScraper
+from gateway.native import BucketTable
 from gateway.protocol.prometheus import engine_load
 from gateway.routing.load import engine_states
+from gateway.shm.bucket_keys import backend_keys
 from gateway.shm.regions import RegionSizes, SharedRegions
+from gateway.shm.snapshot_slot import SnapshotPublisher
 from gateway.shm.worker_stats import WorkerStats
 from gateway.snapshot import Backend
 
@@ -143,4 +152,48 @@ def test_stop_ends_the_wait_between_rounds() -> None:
         at_once.stop()
         assert at_once._thread is not None and not at_once._thread.is_alive()
     finally:
+        shared.close()
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = VLLM.encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_round_notes_this_hosts_in_flight_beside_the_engines_running_count() -> None:
+    """The engine's running count (5) includes this host's requests of that moment (2 on the host's gauge):
+    the document carries both, so routing can count the other hosts' share (3) on top of its live gauge
+    after this host's requests have ended, instead of the whole scrape until the next one."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sizes = RegionSizes(workers=1, snapshot_bytes=4096, bucket_capacity=4, ring_slots=2)
+    shared = SharedRegions.create(sizes)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        snapshot = orjson.dumps({"backends": {"e": {"url": url}}})
+        SnapshotPublisher(shared.snapshot).publish(snapshot, revision=1)
+        with BucketTable(shared.buckets) as table:
+            key = backend_keys("e")[0]
+            assert table.acquire(key, 10) and table.acquire(key, 10)
+            scraper = EngineScraper(shared)
+
+            async def one_round() -> None:
+                async with httpx.AsyncClient(trust_env=False) as client:
+                    await scraper.round(client)
+
+            asyncio.run(one_round())
+        stats = WorkerStats(shared.stats)
+        doc = stats.read(stats.engine_slot)
+        assert doc is not None
+        state = engine_states(orjson.loads(doc))["e"]
+        assert (state.kind, state.running, state.waiting, state.host_in_flight) == ("vllm", 5, 7, 2)
+    finally:
+        server.shutdown()
         shared.close()

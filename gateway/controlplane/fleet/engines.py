@@ -3,7 +3,9 @@ publishes them, with each gate's current ceiling, in the statistics segment's en
 workers pick them up for routing (``gateway.dataplane.backend_load``).
 
 Per OpenAI-protocol backend and round: ``GET /metrics``; a text with vLLM or SGLang gauges gives the
-engine's running and waiting requests and cache use (``gateway.protocol.prometheus``). A backend that
+engine's running and waiting requests and cache use (``gateway.protocol.prometheus``), noted with this
+host's requests in flight on it at that moment (routing counts the other hosts' share of the running
+count from the scrape, and this host's own from its live gauge). A backend that
 answers without engine metrics is asked again only every ``REDETECT`` seconds, and routing ranks it by the
 host's in-flight count instead. Active health: a backend is probed on its ``health_path`` (``/health`` by
 default for OpenAI-protocol backends) when the scrape gave nothing; a connect error, a timeout or a 5xx is
@@ -72,6 +74,7 @@ class BackendWatch:
     detect_at: float = 0.0  # monotonic time of the next attempt to find engine metrics
     waiting: int | None = None
     running: int | None = None
+    host_in_flight: int | None = None  # this host's requests on the backend around the scrape (the larger)
     kv_cache: float | None = None
     ceiling: int | None = None
     failures: int = 0
@@ -113,6 +116,7 @@ class BackendWatch:
             "kind": self.kind,
             "waiting": self.waiting,
             "running": self.running,
+            "host_in_flight": self.host_in_flight,
             "kv_cache": self.kv_cache,
             "ceiling": self.ceiling,
             "healthy": self.healthy,
@@ -151,6 +155,8 @@ class EngineScraper:
         self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
         self._lock = threading.Lock()
         self._prefix = shared.prefix
+        self._buckets = shared.buckets
+        self._table: BucketTable | None = None  # open during a round: this host's in-flight gauges
         # Made on the thread's loop by the first round that finds a backend with kv_events.
         self.kv: KVEventFollower | None = None
 
@@ -221,7 +227,9 @@ class EngineScraper:
             self.kv = KVEventFollower(PrefixIndex(self._prefix))
         if self.kv is not None:
             self.kv.follow(backends)
-        await asyncio.gather(*(self.watch(client, b) for b in backends.values()))
+        with BucketTable(self._buckets) as self._table:
+            await asyncio.gather(*(self.watch(client, b) for b in backends.values()))
+        self._table = None
         lines = {n: w.as_doc() for n, w in self.watches.items()}
         if self.kv is not None:
             for name, counts in self.kv.counts().items():
@@ -240,7 +248,7 @@ class EngineScraper:
         if backend.protocol == "openai" and (w.kind is not None or now >= w.detect_at):
             scraped = await self._scrape(client, backend, w, now)
         if not scraped:
-            w.waiting = w.running = None
+            w.waiting = w.running = w.host_in_flight = None
             w.kv_cache = None
             if backend.health_path:
                 await self._probe(client, backend, w)
@@ -258,11 +266,15 @@ class EngineScraper:
             return f"HTTP {resp.status_code} on GET {path}"
         return resp
 
+    def _host_in_flight(self, backend: str) -> int | None:
+        return self._table.gauge(backend_keys(backend)[0]) if self._table is not None else None
+
     async def _scrape(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch, now: float) -> bool:
+        before = self._host_in_flight(backend.name)
         resp = await self._get(client, backend, "/metrics")
         if isinstance(resp, str):
             w.record(False, resp, backend.name)
-            w.waiting = w.running = None
+            w.waiting = w.running = w.host_in_flight = None
             w.kv_cache = None
             return True  # the failure is this round's probe answer
         load = engine_load(resp.text) if resp.status_code == 200 else None
@@ -271,6 +283,12 @@ class EngineScraper:
             w.detect_at = now + REDETECT
             return False
         w.kind, w.waiting, w.running, w.kv_cache = load.kind, load.waiting, load.running, load.kv_cache
+        # The engine's running count includes this host's own requests of that moment: noted with it, routing
+        # takes the other hosts' share from the (older) scrape and this host's from its live gauge. The
+        # larger of the gauge before and after the scrape: a request of this host that ended (or began)
+        # while the answer was on its way must not pass for another host's until the next scrape.
+        after = self._host_in_flight(backend.name)
+        w.host_in_flight = None if before is None or after is None else max(before, after)
         w.count_prompts(load.prompt_tokens, backend.name)
         w.record(True, name=backend.name)
         return True

@@ -162,14 +162,17 @@ def sum_credentials(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]
 
 def _add_engines(stats: WorkerStats, backends: dict[str, dict[str, Any]], table: BucketTable) -> None:
     """Each backend's engine figures and gate from the scraper's document and the shared gauges:
-    ``"engine": {"kind", "waiting", "running", "kv_cache"}`` (None without engine metrics), ``"gate":
-    {"ceiling", "in_flight", "queued"}`` (None without a gate), ``"healthy"`` and ``"probe_error"``."""
+    ``"engine": {"kind", "waiting", "running", "host_in_flight", "kv_cache"}`` (None without engine
+    metrics), ``"gate": {"ceiling", "in_flight", "queued"}`` (None without a gate), ``"healthy"`` and
+    ``"probe_error"``."""
     raw = stats.read(stats.engine_slot)
     lines = orjson.loads(raw).get("backends", {}) if raw else {}
     for name, line in lines.items():
         entry = backends.get(name) or backends.setdefault(name, backend_totals())
         entry["engine"] = (
-            {k: line.get(k) for k in ("kind", "waiting", "running", "kv_cache")} if line.get("kind") else None
+            {k: line.get(k) for k in ("kind", "waiting", "running", "host_in_flight", "kv_cache")}
+            if line.get("kind")
+            else None
         )
         in_flight_key, queue_key = backend_keys(name)
         entry["gate"] = (
