@@ -2,7 +2,8 @@
 whose framing and cuts the test chooses (``tests.fixtures.framed_upstream``), behind four backends that
 declare each protocol the gateway speaks upstream (chat completions, the Responses API served natively,
 Anthropic Messages, Gemini), and clients on each API the gateway serves (chat completions, Messages,
-Responses).
+Responses). Every model is routed by a ``cache_aware`` pool; the two OpenAI backends' pools also tokenize
+each body with a model's chat template and tokenizer (the exact index's request path).
 
 The cases the issue reproduced by hand are tests of their own; then a property suite (hypothesis, a
 bounded and derandomised number of examples) generates request bodies for every ``/v1/*`` path the
@@ -19,6 +20,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.framed_upstream import FRAMINGS, FramedUpstream
-from tests.fixtures.processes import Gateway, wait_until
+from tests.fixtures.processes import Gateway, free_port, wait_until
+from tests.fixtures.tiny_tokenizer import write_tiny_model
 
 # (backend, protocol, served natively as the Responses API)
 BACKENDS = [
@@ -49,9 +52,13 @@ PROPERTY = settings(
 )
 
 
-def config(url: str) -> str:
+def config(url: str, model_dir: Path, kv_port: int) -> str:
+    """The four backends, each model routed by its own ``cache_aware`` pool. The two OpenAI backends name a
+    KV-event publisher (none listens: the subscription waits) and their pools a tokenizer, so that every
+    body sent to them is also rendered with the model's chat template and tokenized on the request path."""
     lines: list[str] = []
     for name, protocol, native in BACKENDS:
+        exact = protocol == "openai"
         lines += [
             "[[backends]]",
             f'name = "{name}"',
@@ -59,6 +66,7 @@ def config(url: str) -> str:
             f'protocol = "{protocol}"',
             "read_timeout = 10.0",
             *(["responses_api = true"] if native else []),
+            *([f'kv_events = "tcp://127.0.0.1:{kv_port}"'] if exact else []),
             "",
             "[[provider_models]]",
             f'name = "pm-{name}"',
@@ -76,6 +84,7 @@ def config(url: str) -> str:
             f'name = "kv-{name}"',
             'policy = "cache_aware"',
             f'members = ["pm-{name}"]',
+            *([f'tokenizer = "{model_dir}"'] if exact else []),
             "",
         ]
     lines += [
@@ -83,6 +92,8 @@ def config(url: str) -> str:
         '[[principals]]\nname = "alice"\nroles = ["user"]\n',
         '[[principals]]\nname = "metered"\nroles = ["user"]\nlimits = { tokens_per_minute = 1000000 }\n',
         '[[principals]]\nname = "capped"\nroles = ["user"]\nbudget = { period = "day", tokens = 1000000 }\n',
+        '[[roles]]\nname = "ops"\npermissions = ["config:read"]\n',
+        '[[principals]]\nname = "ops"\nroles = ["ops"]\n',
     ]
     return "\n".join(lines)
 
@@ -93,6 +104,7 @@ class Env:
     up: FramedUpstream
     keys: dict[str, str]  # principal -> key
     pids: list[int]
+    admin_port: int
     baseline_kib: int = 0
     sent: list[Sent] = field(default_factory=list)  # forwarded requests whose records are checked at the end
 
@@ -122,12 +134,15 @@ def rss_kib(pids: list[int]) -> int:
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     tmp = tmp_path_factory.mktemp("pairs")
     up = FramedUpstream()
+    model_dir = write_tiny_model(tmp / "model")
+    admin_port = free_port()
     extra = ("--engine-scrape-interval", "0", "--drop-request-headers", "X-Tenant-Token")
-    gw = Gateway(tmp, config(up.url), workers=2, extra=extra)
-    keys = {p: gw.create_key(p) for p in ("alice", "metered", "capped")}
+    extra += ("--admin-port", str(admin_port))
+    gw = Gateway(tmp, config(up.url, model_dir, free_port()), workers=2, extra=extra)
+    keys = {p: gw.create_key(p) for p in ("alice", "metered", "capped", "ops")}
     for key in keys.values():
         gw.wait_key_live(key)
-    e = Env(gw, up, keys, sorted(gw.worker_pids()))
+    e = Env(gw, up, keys, sorted(gw.worker_pids()), admin_port)
     for dialect in DIALECTS:  # warm every pair up before the memory baseline
         for model in MODELS:
             for stream in (False, True):
@@ -279,6 +294,8 @@ def test_an_allowance_out_of_range_is_refused_and_the_gateway_goes_on(
     assert call(env, dialect, "m-chatbe", True, principal=principal)[0] == 200
     assert sorted(env.gw.worker_pids()) == env.pids
     assert env.gw.state().get("stopped_because") is None
+    # The OpenAI backends' pools tokenized what they were sent: their decisions were the exact index's.
+    wait_until(lambda: exact_decisions(env) > 0, what="exact decisions in /metrics")
 
 
 @pytest.mark.parametrize(
@@ -532,6 +549,19 @@ def test_no_client_body_gets_a_5xx(
         env.sent.append(Sent(resp.headers["x-request-id"], 0, None))
 
 
+def exact_decisions(env: Env) -> float:
+    """``cache_aware`` decisions taken on a tokenized prompt, as the host's /metrics counts them."""
+    resp = httpx.get(
+        f"http://127.0.0.1:{env.admin_port}/metrics",
+        headers={"authorization": f"Bearer {env.keys['ops']}"},
+        timeout=10,
+    )
+    for line in resp.text.splitlines():
+        if line.startswith("gateway_prefix_exact_decisions_total "):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def test_after_the_run_every_record_is_there_and_nothing_restarted(env: Env) -> None:
     """Runs after the property suite (pytest keeps the file's order): every request the suite saw
     forwarded has one record with at least the tokens relayed, no worker was replaced, and the workers'
@@ -548,6 +578,8 @@ def test_after_the_run_every_record_is_there_and_nothing_restarted(env: Env) -> 
             assert row["completion_tokens"] == sent.reported, (dict(row), sent)
     assert sorted(env.gw.worker_pids()) == env.pids
     assert env.gw.state().get("stopped_because") is None
+    # The OpenAI backends' pools tokenized what they were sent: their decisions were the exact index's.
+    wait_until(lambda: exact_decisions(env) > 0, what="exact decisions in /metrics")
     time.sleep(0.5)
     grown = rss_kib(env.pids) - env.baseline_kib
     assert grown < 48 * 1024, f"the proxy workers grew by {grown} KiB over the run"
