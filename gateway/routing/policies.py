@@ -12,14 +12,14 @@ the fallback the forwarder walks if the first fails.
   first instead.
 - ``engine_load``: fewest ``num_requests_waiting``, then fewest running, then least KV-cache use, from the
   engines' own metrics; running is the host's own in-flight count (exact now) plus the other hosts' share
-  of the engine's count (a scrape old), and a backend without metrics is ranked by the in-flight count
+  of the engine's requests (a scrape old), and a backend without metrics is ranked by the in-flight count
   alone.
 - ``cache_aware``: the backend whose engine most likely holds the longest prefix of this prompt, weighed
   against its load. The prompt is rendered as the engine sees it (``gateway.routing.prompt_prefix``) and
   cut into ``block_bytes`` blocks with chained hashes; the host's ``PrefixIndex`` says how many leading
   blocks each backend was sent before. Each target costs the bytes it would have to prefill (the prompt
   less its matched blocks) plus ``load_cost`` bytes per request ahead of it (this host's in flight, exact,
-  the other hosts' share of the engine's running count, and the engine's waiting queue). The balance rule
+  the other hosts' share of the engine's requests, and the engine's waiting queue). The balance rule
   comes first: a target loaded more than ``balance_abs`` requests above the least-loaded and more than
   ``balance_rel`` times it goes after every target that is not. Cheapest first; equal costs to the target
   the index holds least for (the most room in its engine's cache, the same in every worker), then in turn.
@@ -197,13 +197,15 @@ def target_hash(target: Target) -> int:
 
 
 def running_now(state: EngineState, flying: int) -> int:
-    """The requests an engine runs now, as this host can tell: its own in flight (``flying``, exact now) plus
-    the other hosts' share of the engine's running count (a scrape old: the count less this host's in
-    flight at that moment). A scrape that did not note this host's share gives the larger of the count and
-    ``flying``: that keeps a burst between scrapes off one engine, and still sees other hosts' requests."""
+    """The requests an engine holds now, as this host can tell: its own in flight (``flying``, exact now)
+    plus the other hosts' share of what the engine held at the last scrape (its running and waiting
+    requests less this host's in flight at that moment: this host's requests queued in the engine are in
+    its in-flight count too). A scrape that did not note this host's share gives the larger of the running
+    count and ``flying``: that keeps a burst between scrapes off one engine, and still sees other hosts'
+    requests."""
     running = state.running or 0
     if state.host_in_flight is not None:
-        others = running - state.host_in_flight
+        others = running + (state.waiting or 0) - state.host_in_flight
         return flying + others if others > 0 else flying
     return running if running > flying else flying
 

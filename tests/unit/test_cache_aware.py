@@ -140,6 +140,13 @@ def test_a_scrape_counts_other_hosts_requests_not_this_hosts_finished_ones() -> 
     load = StaticLoad(flights={"a": 1}, engines=shared, index=index)
     assert engine_load(p.targets[0], load) == 3
     assert first(p.order(chat("q", "x", "y", "z", "w", "v"), load)) != "a"
+    # This host's requests queued in the engine are in its in-flight count: six of its own (four running,
+    # two waiting) are no other host's; the queue still counts once more, as a queue.
+    queued = {"a": EngineState(kind="vllm", waiting=2, running=4, host_in_flight=6)}
+    assert engine_load(p.targets[0], StaticLoad(flights={"a": 6}, engines=queued, index=index)) == 8
+    # Two running and one waiting of another host's count on top of this host's live six.
+    mixed = {"a": EngineState(kind="vllm", waiting=2, running=6, host_in_flight=5)}
+    assert engine_load(p.targets[0], StaticLoad(flights={"a": 6}, engines=mixed, index=index)) == 6 + 3 + 2
 
 
 def test_a_target_that_is_down_goes_last_and_is_not_noted() -> None:

@@ -4,8 +4,8 @@ workers pick them up for routing (``gateway.dataplane.backend_load``).
 
 Per OpenAI-protocol backend and round: ``GET /metrics``; a text with vLLM or SGLang gauges gives the
 engine's running and waiting requests and cache use (``gateway.protocol.prometheus``), noted with this
-host's requests in flight on it at that moment (routing counts the other hosts' share of the running
-count from the scrape, and this host's own from its live gauge). A backend that
+host's requests in flight on it at that moment (routing counts the other hosts' share of the engine's
+requests from the scrape, and this host's own from its live gauge). A backend that
 answers without engine metrics is asked again only every ``REDETECT`` seconds, and routing ranks it by the
 host's in-flight count instead. Active health: a backend is probed on its ``health_path`` (``/health`` by
 default for OpenAI-protocol backends) when the scrape gave nothing; a connect error, a timeout or a 5xx is
@@ -283,7 +283,7 @@ class EngineScraper:
             w.detect_at = now + REDETECT
             return False
         w.kind, w.waiting, w.running, w.kv_cache = load.kind, load.waiting, load.running, load.kv_cache
-        # The engine's running count includes this host's own requests of that moment: noted with it, routing
+        # The engine's counts include this host's own requests of that moment: noted with them, routing
         # takes the other hosts' share from the (older) scrape and this host's from its live gauge. The
         # larger of the gauge before and after the scrape: a request of this host that ended (or began)
         # while the answer was on its way must not pass for another host's until the next scrape.
