@@ -156,7 +156,6 @@ class EngineScraper:
         self._lock = threading.Lock()
         self._prefix = shared.prefix
         self._buckets = shared.buckets
-        self._table: BucketTable | None = None  # open during a round: this host's in-flight gauges
         # Made on the thread's loop by the first round that finds a backend with kv_events.
         self.kv: KVEventFollower | None = None
 
@@ -227,9 +226,8 @@ class EngineScraper:
             self.kv = KVEventFollower(PrefixIndex(self._prefix))
         if self.kv is not None:
             self.kv.follow(backends)
-        with BucketTable(self._buckets) as self._table:
-            await asyncio.gather(*(self.watch(client, b) for b in backends.values()))
-        self._table = None
+        with BucketTable(self._buckets) as table:  # this host's in-flight gauges, noted with each scrape
+            await asyncio.gather(*(self.watch(client, b, table) for b in backends.values()))
         lines = {n: w.as_doc() for n, w in self.watches.items()}
         if self.kv is not None:
             for name, counts in self.kv.counts().items():
@@ -239,14 +237,18 @@ class EngineScraper:
         if not self.stats.write(self.stats.engine_slot, orjson.dumps(doc)):
             log.error("engine document of %d backends does not fit its slot", len(self.watches))
 
-    async def watch(self, client: httpx.AsyncClient, backend: Backend) -> None:
+    async def watch(
+        self, client: httpx.AsyncClient, backend: Backend, table: BucketTable | None = None
+    ) -> None:
+        """One round for ``backend``: scrape or probe it. ``table``, the host's bucket table, gives this
+        host's in-flight gauge to note with the scrape (without it, none is noted)."""
         w = self.watches.get(backend.name)
         if w is None:
             w = self.watches[backend.name] = BackendWatch()
         scraped = False
         now = time.monotonic()
         if backend.protocol == "openai" and (w.kind is not None or now >= w.detect_at):
-            scraped = await self._scrape(client, backend, w, now)
+            scraped = await self._scrape(client, backend, w, now, table)
         if not scraped:
             w.waiting = w.running = w.host_in_flight = None
             w.kv_cache = None
@@ -266,11 +268,16 @@ class EngineScraper:
             return f"HTTP {resp.status_code} on GET {path}"
         return resp
 
-    def _host_in_flight(self, backend: str) -> int | None:
-        return self._table.gauge(backend_keys(backend)[0]) if self._table is not None else None
-
-    async def _scrape(self, client: httpx.AsyncClient, backend: Backend, w: BackendWatch, now: float) -> bool:
-        before = self._host_in_flight(backend.name)
+    async def _scrape(
+        self,
+        client: httpx.AsyncClient,
+        backend: Backend,
+        w: BackendWatch,
+        now: float,
+        table: BucketTable | None,
+    ) -> bool:
+        key = backend_keys(backend.name)[0]
+        before = table.gauge(key) if table is not None else None
         resp = await self._get(client, backend, "/metrics")
         if isinstance(resp, str):
             w.record(False, resp, backend.name)
@@ -287,8 +294,7 @@ class EngineScraper:
         # takes the other hosts' share from the (older) scrape and this host's from its live gauge. The
         # larger of the gauge before and after the scrape: a request of this host that ended (or began)
         # while the answer was on its way must not pass for another host's until the next scrape.
-        after = self._host_in_flight(backend.name)
-        w.host_in_flight = None if before is None or after is None else max(before, after)
+        w.host_in_flight = None if table is None or before is None else max(before, table.gauge(key))
         w.count_prompts(load.prompt_tokens, backend.name)
         w.record(True, name=backend.name)
         return True
