@@ -294,8 +294,6 @@ def test_an_allowance_out_of_range_is_refused_and_the_gateway_goes_on(
     assert call(env, dialect, "m-chatbe", True, principal=principal)[0] == 200
     assert sorted(env.gw.worker_pids()) == env.pids
     assert env.gw.state().get("stopped_because") is None
-    # The OpenAI backends' pools tokenized what they were sent: their decisions were the exact index's.
-    wait_until(lambda: exact_decisions(env) > 0, what="exact decisions in /metrics")
 
 
 @pytest.mark.parametrize(

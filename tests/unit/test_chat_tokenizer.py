@@ -4,6 +4,7 @@ trained in the test (no network)."""
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -165,24 +166,14 @@ _BODY = st.fixed_dictionaries(
 def test_any_body_gives_ids_or_none_never_an_error(body: Any, limit: int) -> None:
     """What a client may send, as the request path hands it to the pool's tokenizer: ids within the limit
     and a share in (0, 1], or None; never an exception on the request path."""
-    tok = _TINY.get()
+    tok = _tiny()
     got = tok.request_prompt(orjson.dumps(body), limit=limit)
     if got is not None:
         assert 0 < got.share <= 1
         assert all(isinstance(i, int) for i in got.ids)
 
 
-class _Tiny:
-    """One tiny model for the property test's examples (a function-scoped fixture would be made once and
-    shared anyway; hypothesis refuses those)."""
-
-    def __init__(self) -> None:
-        self._tok: ChatTokenizer | None = None
-
-    def get(self) -> ChatTokenizer:
-        if self._tok is None:
-            self._tok = ChatTokenizer.load(str(write_tiny_model(Path(tempfile.mkdtemp()) / "tiny")))
-        return self._tok
-
-
-_TINY = _Tiny()
+@functools.cache
+def _tiny() -> ChatTokenizer:
+    """One tiny model for the property test's examples (hypothesis refuses function-scoped fixtures)."""
+    return ChatTokenizer.load(str(write_tiny_model(Path(tempfile.mkdtemp()) / "tiny")))

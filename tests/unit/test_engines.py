@@ -168,9 +168,9 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 
 
 def test_a_round_notes_this_hosts_in_flight_beside_the_engines_running_count() -> None:
-    """The engine's running count (5) includes this host's requests of that moment (2 on the host's gauge):
-    the document carries both, so routing can count the other hosts' share (3) on top of its live gauge
-    after this host's requests have ended, instead of the whole scrape until the next one."""
+    """The engine's counts (5 running, 7 waiting) include this host's requests of that moment (2 on the
+    host's gauge): the document carries both, so routing can count the other hosts' share (10) on top of its
+    live gauge after this host's requests have ended, instead of the whole scrape until the next one."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     sizes = RegionSizes(workers=1, snapshot_bytes=4096, bucket_capacity=4, ring_slots=2)
