@@ -1,7 +1,7 @@
 /*
  * gateway_native.h: the C surface of gateway._gateway_native.
  *
- * Four independent parts:
+ * Independent parts:
  *   - usage_tail.c: find the token usage in the last bytes of an LLM response (a pure function of bytes),
  *     and a fixed-capacity tail buffer that keeps those last bytes;
  *   - buckets.c: 64-bit atomics on caller-provided (usually shared) memory, and a lock-free table of GCRA
@@ -10,6 +10,7 @@
  *     logs across several) in such memory, one ring per producer process and one consumer for all of them;
  *   - json_member.c: where a top-level member's string value sits in a JSON body (to rewrite the model
  *     name without touching any other byte);
+ *   - sse_usage.c: a stream's "usage":null members taken out, for a client that did not ask for usage;
  *   - prefix_index.c: chained hashes of a prompt's blocks, and a bounded, shared index of which backend
  *     was sent which of them (what prefix-cache-aware routing reads).
  *
@@ -196,6 +197,13 @@ int gw_json_member_span(const char *data, size_t len, const char *key, size_t ke
  * parsed as a JSON object; never reads outside data[0, len). -1 when an object or array opens deeper than
  * max_depth (the top-level object is depth 1): the body is refused before anything walks it. */
 int64_t gw_json_top_members(const char *data, size_t len, int64_t max_depth);
+
+/* ---- sse_usage.c -------------------------------------------------------------------------------- */
+
+/* Copies the n bytes at `in` to `out` (room for n bytes) without each ,"usage":null or , "usage": null
+ * that stands directly before a '}' followed by '\n' or '\r'. Returns (bytes written << 1) | 1 when a
+ * "usage" is left in what was written (a usage object, or a null not in that place), | 0 when none is. */
+int64_t gw_sse_strip_usage_nulls(const char *in, size_t n, char *out);
 
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 

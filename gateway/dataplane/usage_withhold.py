@@ -1,13 +1,15 @@
 """The client's transport for a stream whose usage the gateway asked for and the client did not: what
-goes out passes through ``gateway.protocol.stream_usage.UsageWithholder`` first. The tap mirrors the
-engine's bytes into its tail buffer before they get here, so usage is read from the chunk the client is
-not sent. I/O: the client's transport, nothing else.
+goes out passes through ``gateway.protocol.stream_usage.UsageWithholder`` first, which takes the nulls out
+in C (``gateway.native.strip_usage_nulls``). The tap mirrors the engine's bytes into its tail buffer before
+they get here, so usage is read from the chunk the client is not sent. I/O: the client's transport, nothing
+else.
 """
 
 from __future__ import annotations
 
 from gateway.dataplane.relay import send_now
 from gateway.dataplane.rsgi import Transport
+from gateway.native import strip_usage_nulls
 from gateway.protocol.stream_usage import UsageWithholder
 
 __all__ = ["WithheldUsage"]
@@ -19,7 +21,7 @@ class WithheldUsage:
 
     def __init__(self, transport: Transport) -> None:
         self._transport = transport
-        self._withholder = UsageWithholder()
+        self._withholder = UsageWithholder(strip_usage_nulls)
 
     def write(self, data: bytes) -> None:
         """What of ``data`` the client is to get, sent at once (raises what the send raises)."""

@@ -7,6 +7,8 @@ What it offers:
 
 - ``parse_usage`` and ``TailBuffer``: token usage from the last bytes of a response (rules in
   ``gateway.protocol.usage``, which is also the pure-Python implementation);
+- ``strip_usage_nulls``: a stream's ``"usage":null`` members taken out, for a client that did not ask for
+  usage (rules in ``gateway.protocol.stream_usage``, also its pure-Python implementation);
 - ``AtomicWords``: 64-bit atomics on a shared buffer;
 - ``BucketTable``: lock-free GCRA rate buckets, concurrency gauges and budget spend in a shared region;
   ``AdmissionPlan`` and ``BudgetWindows``, what one request's admission and settling walk in one C call
@@ -56,7 +58,13 @@ from gateway.native._json import model_span, model_span_c, top_members, top_memb
 from gateway.native._prefix import Blocks, IndexStats, PrefixIndex, prefix_region_size
 from gateway.native._rings import SpanRing, UsageRing, ring_region_size
 from gateway.native._shared import AtomicWords
-from gateway.native._usage import TailBuffer, parse_usage, parse_usage_c
+from gateway.native._usage import (
+    TailBuffer,
+    parse_usage,
+    parse_usage_c,
+    strip_usage_nulls,
+    strip_usage_nulls_c,
+)
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, Usage
 from gateway.shm.bucket_keys import bucket_key
 
@@ -96,6 +104,8 @@ __all__ = [
     "prefix_region_size",
     "region_size",
     "ring_region_size",
+    "strip_usage_nulls",
+    "strip_usage_nulls_c",
     "top_members",
     "top_members_c",
 ]

@@ -1,6 +1,7 @@
 """Token usage from the last bytes of a response: ``parse_usage`` and ``TailBuffer``, in C
 (``native/usage_tail.c``) or, with ``GATEWAY_PURE_PYTHON=1``, the pure-Python rules of
-``gateway.protocol.usage``. I/O: none."""
+``gateway.protocol.usage``; and ``strip_usage_nulls``, a stream's ``"usage":null`` members taken out in C
+(``native/sse_usage.c``; its reference is ``gateway.protocol.stream_usage``). I/O: none."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from gateway.native._ffi import PURE_PYTHON, Bytes, require_native
 from gateway.native._ffi import ffi as _ffi
 from gateway.native._ffi import lib as _lib
 from gateway.protocol import usage as _usage
+from gateway.protocol.stream_usage import strip_usage_nulls as _strip_usage_nulls_py
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, TailWindow, Usage
 
-__all__ = ["TailBuffer", "parse_usage", "parse_usage_c"]
+__all__ = ["TailBuffer", "parse_usage", "parse_usage_c", "strip_usage_nulls", "strip_usage_nulls_c"]
 
 
 def parse_usage_c(tail: Bytes) -> Usage | None:
@@ -33,6 +35,34 @@ def _usage_of(out: Any) -> Usage:
 
 
 parse_usage: Final = _usage.parse_usage if PURE_PYTHON else parse_usage_c
+
+
+class _Scratch:
+    """The output buffer ``strip_usage_nulls_c`` writes into, kept between calls (one per process, as the
+    event loop is) and grown to the largest piece it met, up to ``KEEP`` bytes; a larger piece gets a
+    buffer of its own for that call."""
+
+    KEEP = 1 << 20
+    size = 0
+    buf: Any = None
+
+
+def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
+    """``gateway.protocol.stream_usage.strip_usage_nulls`` in C: ``data`` without the ``"usage":null``
+    members before a chunk's closing brace, and whether a ``"usage"`` is left in it. ``data`` itself when
+    nothing was taken out."""
+    n = len(data)
+    buf = _Scratch.buf
+    if n > _Scratch.size:
+        buf = _ffi.new("char[]", n)
+        if n <= _Scratch.KEEP:
+            _Scratch.buf, _Scratch.size = buf, n
+    both: int = (_lib or require_native()).gw_sse_strip_usage_nulls(data, n, buf)
+    written = both >> 1
+    return (data if written == n else _ffi.unpack(buf, written)), bool(both & 1)
+
+
+strip_usage_nulls: Final = _strip_usage_nulls_py if PURE_PYTHON else strip_usage_nulls_c
 
 
 class TailBuffer:

@@ -1,22 +1,50 @@
 """Withholding the usage the gateway asked for: a client that did not ask gets the engine's stream without
-usage, byte for byte, however the engine's pieces are cut (transcripts in tests/data/streams)."""
+usage, byte for byte, however the engine's pieces are cut (transcripts in tests/data/streams). Every case
+runs with the nulls taken out in C, as the gateway does, and by the pure-Python reference; the two agree
+on any bytes."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.protocol.stream_usage import HOLD_LIMIT, UsageWithholder
+from gateway.native import HAVE_NATIVE, strip_usage_nulls_c
+from gateway.protocol.stream_usage import (
+    EVENT_LIMIT,
+    HOLD_LIMIT,
+    Strip,
+    UsageWithholder,
+    strip_usage_nulls,
+)
 from tests.fixtures.transcripts import cut_at, halves
 
 STREAMS = Path(__file__).resolve().parents[1] / "data" / "streams"
 PAIRS = sorted(p.name.removesuffix(".include_usage.sse") for p in STREAMS.glob("*.include_usage.sse"))
+STRIPS = {"python": strip_usage_nulls}
+if HAVE_NATIVE:
+    STRIPS["c"] = strip_usage_nulls_c
+_strip: Strip = strip_usage_nulls  # the one the running case uses (the autouse fixture sets it)
+
+
+@pytest.fixture(autouse=True, params=sorted(STRIPS))
+def strip(request: pytest.FixtureRequest) -> Iterator[Strip]:
+    global _strip
+    _strip = STRIPS[request.param]
+    yield _strip
+    _strip = strip_usage_nulls
+
+
+def withholder() -> UsageWithholder:
+    return UsageWithholder(_strip)
 
 
 def withheld(pieces: list[bytes]) -> bytes:
-    w = UsageWithholder()
+    w = withholder()
     return b"".join(w.feed(p) for p in pieces)
 
 
@@ -58,21 +86,21 @@ def test_random_cuts_and_single_bytes(name: str) -> None:
 
 
 def test_the_usage_chunk_is_held_only_until_what_follows_is_known() -> None:
-    w = UsageWithholder()
+    w = withholder()
     content = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
     assert w.feed(content) == content  # no delay for an ordinary event
     assert w.feed(usage) == b""
     assert w.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
     # Choices [] without usage (Azure's first chunk) is no usage chunk: it goes on at once.
-    w = UsageWithholder()
+    w = withholder()
     first = b'data: {"choices":[],"prompt_filter_results":[],"usage":null}\n\n'
     assert w.feed(first) == first.replace(b',"usage":null}', b"}")
     # A usage chunk that turns out not to be the last event goes out where it was.
     assert w.feed(usage) == b""
     assert w.feed(content) == usage + content
     # A stream that ends without [DONE]: the usage chunk, its last event, is never sent.
-    w = UsageWithholder()
+    w = withholder()
     assert w.feed(content + usage) == content
 
 
@@ -90,8 +118,40 @@ def test_what_only_looks_like_usage_passes_untouched() -> None:
 
 
 def test_an_unfinished_event_is_held_but_bounded() -> None:
-    w = UsageWithholder()
+    w = withholder()
     assert w.feed(b'data: {"choices":[{"delta":') == b""  # of no use to a client before its blank line
     assert w.feed(b'{}}]}\n\ndata: {"ch') == b'data: {"choices":[{"delta":{}}]}\n\n'
     big = b"x" * (HOLD_LIMIT + 10)
     assert w.feed(big) == b'data: {"ch' + big  # too long to be a usage chunk: it goes on unfinished
+
+
+def test_a_long_last_event_is_never_taken_for_the_usage_chunk() -> None:
+    """Only an event's last ``EVENT_LIMIT`` bytes are searched for where it starts: a longer one passes."""
+    content = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    padded = b'data: {"choices":[],"usage":{"prompt_tokens":1},"pad":"' + b"x" * EVENT_LIMIT + b'"}\n\n'
+    done = b"data: [DONE]\n\n"
+    assert withheld([content + padded + done]) == content + padded + done
+    assert withheld([content, padded, done]) == content + padded + done
+    # A long content event before an ordinary usage chunk does not hide it.
+    long = b'data: {"choices":[{"delta":{"content":"' + b"y" * (2 * EVENT_LIMIT) + b'"}}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n'
+    assert withheld([long + usage + done]) == long + done
+
+
+_FRAGMENTS = st.sampled_from(
+    [b',"usage":null', b', "usage": null', b'"usage"', b"}", b"\n", b"\r", b",", b" ", b":null}", b"x", b'"']
+)
+
+
+@settings(max_examples=500, deadline=None, database=None, derandomize=True)
+@given(st.lists(_FRAGMENTS, max_size=24).map(b"".join))
+def test_the_c_pass_agrees_with_the_reference(data: bytes) -> None:
+    if "c" in STRIPS:
+        assert strip_usage_nulls_c(data) == strip_usage_nulls(data)
+
+
+def test_the_c_pass_returns_the_piece_itself_when_nothing_goes(strip: Strip) -> None:
+    piece = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+    assert strip(piece)[0] is piece
+    assert strip(b'data: {"choices":[],"usage":null}\n\n') == (b'data: {"choices":[]}\n\n', False)
+    assert strip(b'data: {"choices":[],"usage":{"total_tokens":2}}\n\n')[1] is True
