@@ -72,7 +72,7 @@ def _start_of_event(data: bytes, end: int) -> int:
     head = end - 3
     low = head - EVENT_LIMIT if head > EVENT_LIMIT else 0
     lf = data.rfind(b"\n\n", low, head)
-    crlf = data.rfind(b"\n\r\n", low, head)
+    crlf = data.rfind(b"\n\r\n", lf if lf > low else low, head)  # only a later one can be the start
     if lf < 0 and crlf < 0:
         return -1 if low else 0
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
