@@ -23,6 +23,8 @@ static const char USAGE[] = "\"usage\"";
 /* The first "usage" in in[from, n), or NULL. Anchored on its 'g', a rare letter in an engine's chunks
  * (memchr skips to it): glibc's memmem took twice as long over the same piece. */
 static const char *find_usage(const char *in, size_t n, size_t from) {
+    if (n < USAGE_LEN || from > n - USAGE_LEN)
+        return NULL;
     size_t at = from + G_AT;               /* the first place a 'g' of a "usage" from `from` can be */
     size_t end = n - (USAGE_LEN - G_AT - 1); /* past the last one: its closing quote must fit */
     while (at < end) {

@@ -52,6 +52,8 @@ def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
     members before a chunk's closing brace, and whether a ``"usage"`` is left in it. ``data`` itself when
     nothing was taken out."""
     n = len(data)
+    if not n:
+        return data, False
     buf = _Scratch.buf
     if n > _Scratch.size:
         buf = _ffi.new("char[]", n)

@@ -158,3 +158,12 @@ def test_the_c_pass_returns_the_piece_itself_when_nothing_goes(strip: Strip) -> 
     assert strip(piece)[0] is piece
     assert strip(b'data: {"choices":[],"usage":null}\n\n') == (b'data: {"choices":[]}\n\n', False)
     assert strip(b'data: {"choices":[],"usage":{"total_tokens":2}}\n\n')[1] is True
+    assert strip(b"") == (b"", False)
+    assert strip(b'"usage"') == (b'"usage"', True)
+
+
+def test_a_piece_larger_than_the_kept_buffer(strip: Strip) -> None:
+    chunk = b'data: {"choices":[{"delta":{"content":"g"}}],"usage":null}\n\n'
+    piece = chunk * (2 * (1 << 20) // len(chunk))
+    assert strip(piece) == (piece.replace(b',"usage":null}', b"}"), False)
+    assert strip(chunk) == (b'data: {"choices":[{"delta":{"content":"g"}}]}\n\n', False)
