@@ -591,7 +591,8 @@ class _Attempt:
                 return False
             status = self.status = resp.status
             if entry is not None:
-                entry.answered(status, round((time.perf_counter() - started) * 1000.0, 2))
+                # Milliseconds to two places; round(x, 2) costs 0.25 µs (it formats the float), this 0.05.
+                entry.answered(status, int((time.perf_counter() - started) * 100_000.0 + 0.5) / 100)
             if cred is not None and status in _CREDENTIAL_REFUSALS:
                 # The key's fault, not the backend's: its health is untouched, the next key is tried.
                 fwd.credentials.refused(backend, cred, status, _response_headers(resp))
@@ -639,7 +640,7 @@ class _Attempt:
             return True
         finally:
             if entry is not None:
-                entry.ended(round((time.perf_counter() - started) * 1000.0, 2))
+                entry.ended(int((time.perf_counter() - started) * 100_000.0 + 0.5) / 100)  # ms, as above
             health.in_flight -= 1
             fwd.load.leave(backend, place)
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Final
 
 from gateway.native._ffi import PURE_PYTHON, Bytes, require_native
@@ -37,14 +38,19 @@ def _usage_of(out: Any) -> Usage:
 parse_usage: Final = _usage.parse_usage if PURE_PYTHON else parse_usage_c
 
 
-class _Scratch:
-    """The output buffer ``strip_usage_nulls_c`` writes into, kept between calls (one per process, as the
-    event loop is) and grown to the largest piece it met, up to ``KEEP`` bytes; a larger piece gets a
-    buffer of its own for that call."""
+class _Scratch(threading.local):
+    """The output buffer ``strip_usage_nulls_c`` writes into, one per thread (a proxy worker's is its event
+    loop's), kept between calls and grown to the largest piece it met, up to ``KEEP`` bytes; a larger piece
+    gets a buffer of its own for that call."""
 
     KEEP = 1 << 20
-    size = 0
-    buf: Any = None
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.buf: Any = None
+
+
+_scratch = _Scratch()
 
 
 def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
@@ -54,11 +60,12 @@ def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
     n = len(data)
     if not n:
         return data, False
-    buf = _Scratch.buf
-    if n > _Scratch.size:
+    scratch = _scratch
+    buf = scratch.buf
+    if n > scratch.size:
         buf = _ffi.new("char[]", n)
         if n <= _Scratch.KEEP:
-            _Scratch.buf, _Scratch.size = buf, n
+            scratch.buf, scratch.size = buf, n
     both: int = (_lib or require_native()).gw_sse_strip_usage_nulls(data, n, buf)
     written = both >> 1
     return (data if written == n else _ffi.unpack(buf, written)), bool(both & 1)

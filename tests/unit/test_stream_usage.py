@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,13 @@ def test_a_piece_larger_than_the_kept_buffer(strip: Strip) -> None:
     piece = chunk * (2 * (1 << 20) // len(chunk))
     assert strip(piece) == (piece.replace(b',"usage":null}', b"}"), False)
     assert strip(chunk) == (b'data: {"choices":[{"delta":{"content":"g"}}]}\n\n', False)
+
+
+def test_threads_strip_into_buffers_of_their_own(strip: Strip) -> None:
+    def many(letter: bytes) -> bool:
+        chunk = b'data: {"choices":[{"delta":{"content":"' + letter * 300 + b'"}}],"usage":null}\n\n'
+        expected = (chunk.replace(b',"usage":null}', b"}") * 20, False)
+        return all(strip(chunk * 20) == expected for _ in range(300))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(many, [b"a", b"b", b"c", b"d"]))
