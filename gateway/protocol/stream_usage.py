@@ -62,7 +62,7 @@ def _end_of_events(data: bytes) -> int:
     lf = data.rfind(b"\n\n")
     if lf >= 0 and lf + 2 == len(data):
         return lf + 2  # the usual piece: whole events, ending with one
-    crlf = data.rfind(b"\n\r\n")
+    crlf = data.rfind(b"\n\r\n", lf if lf > 0 else 0)  # only one after the LF boundary can be later
     return max(lf + 2 if lf >= 0 else 0, crlf + 3 if crlf >= 0 else 0)
 
 
