@@ -13,7 +13,15 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "gateway_native.h"
-SOURCES = ["usage_tail.c", "buckets.c", "usage_ring.c", "json_member.c", "prefix_index.c", "sse_usage.c"]
+SOURCES = [
+    "usage_tail.c",
+    "buckets.c",
+    "usage_ring.c",
+    "json_member.c",
+    "prefix_index.c",
+    "sse_usage.c",
+    "http1_chunks.c",
+]
 
 
 def cdef_from_header(text: str) -> str:

@@ -11,6 +11,7 @@
  *   - json_member.c: where a top-level member's string value sits in a JSON body (to rewrite the model
  *     name without touching any other byte);
  *   - sse_usage.c: a stream's "usage":null members taken out, for a client that did not ask for usage;
+ *   - http1_chunks.c: the whole chunks of a chunked body's read, unframed in one pass;
  *   - prefix_index.c: chained hashes of a prompt's blocks, and a bounded, shared index of which backend
  *     was sent which of them (what prefix-cache-aware routing reads).
  *
@@ -204,6 +205,13 @@ int64_t gw_json_top_members(const char *data, size_t len, int64_t max_depth);
  * that stands directly before a '}' followed by '\n' or '\r'. Returns (bytes written << 1) | 1 when a
  * "usage" is left in what was written (a usage object, or a null not in that place), | 0 when none is. */
 int64_t gw_sse_strip_usage_nulls(const char *in, size_t n, char *out);
+
+/* ---- http1_chunks.c ----------------------------------------------------------------------------- */
+
+/* From data[pos], every whole chunk with a plain size line (1-15 hex digits, CRLF), its data and its CRLF:
+ * the data copied to `out` (room for n - pos bytes), *written set to how many bytes. Returns where the
+ * first chunk that is not such starts (pos itself when none was). */
+int64_t gw_http1_whole_chunks(const char *data, size_t n, size_t pos, char *out, int64_t *written);
 
 /* ---- usage_ring.c: SPSC record rings in shared memory ---------------------------------------- */
 

@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from gateway.dataplane.tls import make_ssl_context
 from gateway.errors import BadRequest
+from gateway.native import whole_chunks
 from gateway.protocol.http1 import END, HTTP1Error, ResponseHead, ResponseParser, serialize_head
 from gateway.protocol.paths import target_is_safe
 
@@ -267,7 +268,7 @@ class _Conn(asyncio.Protocol):
         self.pool = pool
         self.loop = loop
         self.transport: asyncio.Transport | None = None
-        self.parser = ResponseParser()
+        self.parser = ResponseParser(chunks=whole_chunks)
         self.closed = False
         self.idle = False
         self.idle_since = 0.0

@@ -9,6 +9,8 @@ What it offers:
   ``gateway.protocol.usage``, which is also the pure-Python implementation);
 - ``strip_usage_nulls``: a stream's ``"usage":null`` members taken out, for a client that did not ask for
   usage (rules in ``gateway.protocol.stream_usage``, also its pure-Python implementation);
+- ``whole_chunks``: the whole chunks of a chunked body's read, unframed (rules in
+  ``gateway.protocol.http1``, also its pure-Python implementation);
 - ``AtomicWords``: 64-bit atomics on a shared buffer;
 - ``BucketTable``: lock-free GCRA rate buckets, concurrency gauges and budget spend in a shared region;
   ``AdmissionPlan`` and ``BudgetWindows``, what one request's admission and settling walk in one C call
@@ -54,6 +56,7 @@ from gateway.native._ffi import (
     NativeUnavailable,
     RegionError,
 )
+from gateway.native._http1 import whole_chunks, whole_chunks_c
 from gateway.native._json import model_span, model_span_c, top_members, top_members_c
 from gateway.native._prefix import Blocks, IndexStats, PrefixIndex, prefix_region_size
 from gateway.native._rings import SpanRing, UsageRing, ring_region_size
@@ -108,4 +111,6 @@ __all__ = [
     "strip_usage_nulls_c",
     "top_members",
     "top_members_c",
+    "whole_chunks",
+    "whole_chunks_c",
 ]

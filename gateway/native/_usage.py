@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Final
 
 from gateway.native._ffi import PURE_PYTHON, Bytes, require_native
 from gateway.native._ffi import ffi as _ffi
 from gateway.native._ffi import lib as _lib
+from gateway.native._scratch import scratch
 from gateway.protocol import usage as _usage
 from gateway.protocol.stream_usage import strip_usage_nulls as _strip_usage_nulls_py
 from gateway.protocol.usage import DEFAULT_TAIL_CAPACITY, TailWindow, Usage
@@ -38,21 +38,6 @@ def _usage_of(out: Any) -> Usage:
 parse_usage: Final = _usage.parse_usage if PURE_PYTHON else parse_usage_c
 
 
-class _Scratch(threading.local):
-    """The output buffer ``strip_usage_nulls_c`` writes into, one per thread (a proxy worker's is its event
-    loop's), kept between calls and grown to the largest piece it met, up to ``KEEP`` bytes; a larger piece
-    gets a buffer of its own for that call."""
-
-    KEEP = 1 << 20
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.buf: Any = None
-
-
-_scratch = _Scratch()
-
-
 def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
     """``gateway.protocol.stream_usage.strip_usage_nulls`` in C: ``data`` without the ``"usage":null``
     members before a chunk's closing brace, and whether a ``"usage"`` is left in it. ``data`` itself when
@@ -60,12 +45,7 @@ def strip_usage_nulls_c(data: bytes) -> tuple[bytes, bool]:
     n = len(data)
     if not n:
         return data, False
-    scratch = _scratch
-    buf = scratch.buf
-    if n > scratch.size:
-        buf = _ffi.new("char[]", n)
-        if n <= _Scratch.KEEP:
-            scratch.buf, scratch.size = buf, n
+    buf = scratch(n)
     both: int = (_lib or require_native()).gw_sse_strip_usage_nulls(data, n, buf)
     written = both >> 1
     return (data if written == n else _ffi.unpack(buf, written)), bool(both & 1)

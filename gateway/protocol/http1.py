@@ -19,7 +19,7 @@ header count at 256. No I/O here.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -32,8 +32,10 @@ __all__ = [
     "HTTP1Error",
     "ResponseHead",
     "ResponseParser",
+    "WholeChunks",
     "serialize_head",
     "serialize_request",
+    "whole_chunks",
 ]
 
 MAX_HEADER_BYTES: Final = 64 * 1024
@@ -132,6 +134,7 @@ class ResponseParser:
         "_scan",
         "_state",
         "_trailer_left",
+        "_whole_chunks",
         "head",
         "keep_alive",
     )
@@ -142,9 +145,13 @@ class ResponseParser:
         head_request: bool = False,
         max_header_bytes: int = MAX_HEADER_BYTES,
         max_headers: int = MAX_HEADERS,
+        chunks: WholeChunks | None = None,
     ) -> None:
+        """``chunks`` walks a read's whole chunks (``whole_chunks`` when None; the gateway's client passes
+        its C twin, ``gateway.native.whole_chunks``)."""
         self._max_header_bytes = max_header_bytes
         self._max_headers = max_headers
+        self._whole_chunks = whole_chunks if chunks is None else chunks
         self._buf = bytearray()
         self.reset(head_request)
 
@@ -209,7 +216,7 @@ class ResponseParser:
                 self._start_body(block, out)
             elif state == _CHUNK_SIZE_LINE:
                 if not self._buf:
-                    pos = _whole_chunks(data, pos, out)
+                    pos = self._whole_chunks(data, pos, out)
                     if pos == n:
                         break
                 block, data, pos = self._take(data, pos, b"\r\n", _MAX_CHUNK_LINE)
@@ -323,12 +330,16 @@ class ResponseParser:
             self._state = _UNTIL_CLOSE
 
 
-def _whole_chunks(data: bytes, pos: int, out: list[Event]) -> int:
+WholeChunks = Callable[[bytes, int, list[Event]], int]
+
+
+def whole_chunks(data: bytes, pos: int, out: list[Event]) -> int:
     """The fast path of chunked bodies: every whole chunk from ``pos`` on with a plain size line (no
     extension, no padding) and its closing CRLF, handed out as one piece; returns where the first chunk
     that is not such starts (a partial one, the last one, or one the general path must judge). An engine
     writing token by token sends hundreds of small chunks that often arrive together: one piece for them
-    all is one send to the client instead of one per chunk, and no state changes per chunk here."""
+    all is one send to the client instead of one per chunk, and no state changes per chunk here. The
+    reference of ``gateway.native.whole_chunks``, the same walk in C, which the gateway's client runs."""
     match = _PLAIN_CHUNK_SIZE.match
     n = len(data)
     first = pos

@@ -1,23 +1,47 @@
 """The sans-I/O HTTP/1.1 parser and serializer: every framing, fed whole and in every split, and every
-way a response can be malformed. No sockets."""
+way a response can be malformed. No sockets. Every parser case runs with a read's whole chunks walked by
+the pure-Python reference and by its C twin, as the gateway's client runs it; the two agree on any bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.native import HAVE_NATIVE, whole_chunks_c
 from gateway.protocol.http1 import (
     END,
     MAX_HEADER_BYTES,
     HTTP1Error,
     ResponseHead,
     ResponseParser,
+    WholeChunks,
     serialize_head,
     serialize_request,
+    whole_chunks,
 )
+
+WALKS: dict[str, WholeChunks] = {"python": whole_chunks}
+if HAVE_NATIVE:
+    WALKS["c"] = whole_chunks_c
+_walk: WholeChunks = whole_chunks  # the running case's (the autouse fixture sets it)
+
+
+@pytest.fixture(autouse=True, params=sorted(WALKS))
+def walk(request: pytest.FixtureRequest) -> Iterator[WholeChunks]:
+    global _walk
+    _walk = WALKS[request.param]
+    yield _walk
+    _walk = whole_chunks
+
+
+def new_parser(**kwargs: Any) -> ResponseParser:
+    """A parser walking whole chunks the running case's way."""
+    return ResponseParser(chunks=_walk, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -34,7 +58,7 @@ class Outcome:
 
 
 def run(pieces: list[bytes], *, head_request: bool = False, eof: bool = False) -> Outcome:
-    parser = ResponseParser(head_request=head_request)
+    parser = new_parser(head_request=head_request)
     events: list[object] = []
     for piece in pieces:
         events += parser.feed(piece)
@@ -228,14 +252,14 @@ def test_valid_response_in_every_split(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n, v in VALID.items() if not v[2]])
 def test_length_framed_responses_end_without_eof(name: str) -> None:
     raw, head_request, _, _ = VALID[name]
-    parser = ResponseParser(head_request=head_request)
+    parser = new_parser(head_request=head_request)
     assert parser.feed(raw)[-1] is END
     assert parser.done
     assert parser.feed_eof() == []
 
 
 def test_body_pieces_are_not_copied_when_whole() -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n")
     piece = b"0123456789"
     (got, end) = parser.feed(piece)
@@ -243,7 +267,7 @@ def test_body_pieces_are_not_copied_when_whole() -> None:
 
 
 def test_parser_is_reused_across_responses() -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     assert parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na")[-1] is END
     parser.reset(head_request=True)
     events = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\n")
@@ -257,7 +281,7 @@ def test_whole_chunks_of_one_feed_are_one_piece() -> None:
     # An engine's token-by-token chunks, arrived together: one body piece, so the relay sends once.
     tokens = [b'data: {"t":%d}\n\n' % i for i in range(300)]
     framed = b"".join(b"%x\r\n%s\r\n" % (len(t), t) for t in tokens)
-    parser = ResponseParser()
+    parser = new_parser()
     events = parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed + b"0\r\n\r\n")
     assert events[1:] == [b"".join(tokens), END]
     # Cut inside the last chunk: the whole ones as one piece, then what there is of the last.
@@ -270,7 +294,7 @@ def test_whole_chunks_of_one_feed_are_one_piece() -> None:
 
 # -- after the end --------------------------------------------------------------------------------
 def test_garbage_after_the_end_in_the_same_feed_keeps_the_response_but_not_the_connection() -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     events = parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n")
     assert events[1:] == [b"ok", END]
     assert parser.keep_alive is False
@@ -280,14 +304,14 @@ def test_garbage_after_the_end_in_the_same_feed_keeps_the_response_but_not_the_c
 
 @pytest.mark.parametrize("extra", [b"garbage", b"\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"])
 def test_data_after_the_end_raises(extra: bytes) -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
     with pytest.raises(HTTP1Error, match="after the end"):
         parser.feed(extra)
 
 
 def test_trailing_bytes_after_a_chunked_end() -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     events = parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nX")
     assert events[-1] is END and not parser.keep_alive
 
@@ -357,7 +381,7 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
 def test_malformed_response_raises_in_every_split(name: str) -> None:
     raw, message = MALFORMED[name]
     for pieces in splits(raw):
-        parser = ResponseParser()
+        parser = new_parser()
         with pytest.raises(HTTP1Error, match=message):
             for piece in pieces:
                 parser.feed(piece)
@@ -365,12 +389,12 @@ def test_malformed_response_raises_in_every_split(name: str) -> None:
 
 def test_error_carries_the_status_a_proxy_answers_with() -> None:
     with pytest.raises(HTTP1Error) as info:
-        ResponseParser().feed(b"nonsense\r\n\r\n")
+        new_parser().feed(b"nonsense\r\n\r\n")
     assert info.value.status == 502
 
 
 def test_oversized_head_raises_before_the_end_arrives() -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     parser.feed(OK_HEAD)
     filler = b"X-Filler: " + b"a" * 1000 + b"\r\n"
     with pytest.raises(HTTP1Error, match="head larger than"):
@@ -381,27 +405,27 @@ def test_oversized_head_raises_before_the_end_arrives() -> None:
 def test_oversized_head_in_one_piece() -> None:
     raw = OK_HEAD + b"X-Big: " + b"a" * MAX_HEADER_BYTES + b"\r\n\r\n"
     with pytest.raises(HTTP1Error, match="head larger than"):
-        ResponseParser().feed(raw)
+        new_parser().feed(raw)
 
 
 def test_head_just_under_the_limit_is_fine() -> None:
     limit = 4096
     raw = OK_HEAD + b"X-Big: " + b"a" * (limit - len(OK_HEAD) - 11) + b"\r\n\r\n"
     assert len(raw) == limit
-    assert ResponseParser(max_header_bytes=limit).feed(raw)[0].status == 200  # type: ignore[union-attr]
+    assert new_parser(max_header_bytes=limit).feed(raw)[0].status == 200  # type: ignore[union-attr]
     with pytest.raises(HTTP1Error):
-        ResponseParser(max_header_bytes=limit - 1).feed(raw)
+        new_parser(max_header_bytes=limit - 1).feed(raw)
 
 
 def test_too_many_headers() -> None:
     raw = OK_HEAD + b"".join(b"X-%d: v\r\n" % i for i in range(11)) + b"\r\n"
     with pytest.raises(HTTP1Error, match="more than 10"):
-        ResponseParser(max_headers=10).feed(raw)
-    assert isinstance(ResponseParser(max_headers=11).feed(raw)[0], ResponseHead)
+        new_parser(max_headers=10).feed(raw)
+    assert isinstance(new_parser(max_headers=11).feed(raw)[0], ResponseHead)
 
 
 def test_oversized_trailers() -> None:
-    parser = ResponseParser(max_header_bytes=1024)
+    parser = new_parser(max_header_bytes=1024)
     parser.feed(CHUNKED_HEAD + b"0\r\n")
     with pytest.raises(HTTP1Error, match="trailers larger"):
         for _ in range(100):
@@ -421,7 +445,7 @@ def test_oversized_trailers() -> None:
     ],
 )
 def test_early_close_is_an_error(raw: bytes, message: str) -> None:
-    parser = ResponseParser()
+    parser = new_parser()
     parser.feed(raw)
     with pytest.raises(HTTP1Error, match=message):
         parser.feed_eof()
@@ -500,3 +524,48 @@ def test_serialized_request_parses_back_as_one_message() -> None:
     raw = serialize_request("POST", "/p", "h:1", [("k", "v")], b"\r\n\r\nbody")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.count(b"\r\n") == 3 and body == b"\r\n\r\nbody"
+
+
+_FRAMING = st.sampled_from(
+    [
+        *(
+            b"\r\n",
+            b"\r",
+            b"\n",
+            b"0",
+            b"1",
+            b"2",
+            b"a",
+            b"F",
+            b"10",
+            b"fffffffffffffff",
+            b"1000000000000000",
+        ),
+        *(b";ext", b" ", b"x", b"ab", b"\r\n\r\n", b"0\r\n\r\n", b"3\r\nabc\r\n", b"5\r\nhello\r\n"),
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None, database=None, derandomize=True)
+@given(st.lists(_FRAMING, max_size=24).map(b"".join), st.integers(min_value=0, max_value=8))
+def test_the_c_walk_agrees_with_the_reference(data: bytes, start: int) -> None:
+    if "c" not in WALKS:
+        return
+    ref: list[object] = []
+    c: list[object] = []
+    assert whole_chunks_c(data, start, c) == whole_chunks(data, start, ref)
+    assert c == ref
+
+
+def test_the_walk_stops_where_the_general_path_must_judge(walk: WholeChunks) -> None:
+    out: list[object] = []
+    body = b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+    assert walk(body, 0, out) == 8 and out == [b"abc"]  # an extension: not plain
+    out.clear()
+    assert walk(b"3\r\nabc\r\n0\r\n\r\n", 0, out) == 8 and out == [b"abc"]  # the last chunk
+    out.clear()
+    assert walk(b"5\r\nabc", 0, out) == 0 and out == []  # not all here yet
+    assert walk(b"3\r\nabcX\n", 0, out) == 0 and out == []  # no CRLF after the data
+    assert walk(b"1000000000000000\r\n", 0, out) == 0 and out == []  # 16 digits
+    assert walk(b"fffffffffffffff\r\n" + b"x" * 10, 0, out) == 0 and out == []  # a huge size
+    assert walk(b"", 0, out) == 0 and walk(b"ab", 2, out) == 2 and out == []
