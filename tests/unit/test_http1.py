@@ -4,7 +4,6 @@ the pure-Python reference and by its C twin, as the gateway's client runs it; th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.native import HAVE_NATIVE, whole_chunks_c
+from gateway.native import whole_chunks_c
 from gateway.protocol.http1 import (
     END,
     MAX_HEADER_BYTES,
@@ -24,24 +23,15 @@ from gateway.protocol.http1 import (
     serialize_request,
     whole_chunks,
 )
+from tests.fixtures.twins import Twins
 
-WALKS: dict[str, WholeChunks] = {"python": whole_chunks}
-if HAVE_NATIVE:
-    WALKS["c"] = whole_chunks_c
-_walk: WholeChunks = whole_chunks  # the running case's (the autouse fixture sets it)
-
-
-@pytest.fixture(autouse=True, params=sorted(WALKS))
-def walk(request: pytest.FixtureRequest) -> Iterator[WholeChunks]:
-    global _walk
-    _walk = WALKS[request.param]
-    yield _walk
-    _walk = whole_chunks
+WALKS: Twins[WholeChunks] = Twins(whole_chunks, whole_chunks_c)
+walk = WALKS.fixture("walk")
 
 
 def new_parser(**kwargs: Any) -> ResponseParser:
     """A parser walking whole chunks the running case's way."""
-    return ResponseParser(chunks=_walk, **kwargs)
+    return ResponseParser(chunks=WALKS.current, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -549,11 +539,11 @@ _FRAMING = st.sampled_from(
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
 @given(st.lists(_FRAMING, max_size=24).map(b"".join), st.integers(min_value=0, max_value=8))
 def test_the_c_walk_agrees_with_the_reference(data: bytes, start: int) -> None:
-    if "c" not in WALKS:
+    if WALKS.native is None:
         return
     ref: list[object] = []
     c: list[object] = []
-    assert whole_chunks_c(data, start, c) == whole_chunks(data, start, ref)
+    assert WALKS.native(data, start, c) == whole_chunks(data, start, ref)
     assert c == ref
 
 

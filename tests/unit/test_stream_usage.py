@@ -6,7 +6,6 @@ on any bytes."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.native import HAVE_NATIVE, strip_usage_nulls_c
+from gateway.native import strip_usage_nulls_c
 from gateway.protocol.stream_usage import (
     EVENT_LIMIT,
     HOLD_LIMIT,
@@ -23,25 +22,16 @@ from gateway.protocol.stream_usage import (
     strip_usage_nulls,
 )
 from tests.fixtures.transcripts import cut_at, halves
+from tests.fixtures.twins import Twins
 
 STREAMS = Path(__file__).resolve().parents[1] / "data" / "streams"
 PAIRS = sorted(p.name.removesuffix(".include_usage.sse") for p in STREAMS.glob("*.include_usage.sse"))
-STRIPS = {"python": strip_usage_nulls}
-if HAVE_NATIVE:
-    STRIPS["c"] = strip_usage_nulls_c
-_strip: Strip = strip_usage_nulls  # the one the running case uses (the autouse fixture sets it)
-
-
-@pytest.fixture(autouse=True, params=sorted(STRIPS))
-def strip(request: pytest.FixtureRequest) -> Iterator[Strip]:
-    global _strip
-    _strip = STRIPS[request.param]
-    yield _strip
-    _strip = strip_usage_nulls
+STRIPS: Twins[Strip] = Twins(strip_usage_nulls, strip_usage_nulls_c)
+strip = STRIPS.fixture("strip")
 
 
 def withholder() -> UsageWithholder:
-    return UsageWithholder(_strip)
+    return UsageWithholder(STRIPS.current)
 
 
 def withheld(pieces: list[bytes]) -> bytes:
@@ -150,8 +140,8 @@ _FRAGMENTS = st.sampled_from(
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
 @given(st.lists(_FRAGMENTS, max_size=24).map(b"".join))
 def test_the_c_pass_agrees_with_the_reference(data: bytes) -> None:
-    if "c" in STRIPS:
-        assert strip_usage_nulls_c(data) == strip_usage_nulls(data)
+    if STRIPS.native is not None:
+        assert STRIPS.native(data) == strip_usage_nulls(data)
 
 
 def test_the_c_pass_returns_the_piece_itself_when_nothing_goes(strip: Strip) -> None:
