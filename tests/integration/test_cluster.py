@@ -633,3 +633,44 @@ def test_a_store_that_falls_behind_gets_batches_later_never_lost_nor_twice(
         assert int(busy_total.split()[1]) >= 2  # ours, and at least one of the proxy host's
     finally:
         cluster.stop()
+
+
+def test_a_report_is_answered_while_the_store_is_held_up(
+    tmp_path: Path, postgres_url: str, mock_engine: MockEngine
+) -> None:
+    """A proxy host reports, syncs its snapshot and ships its usage in turn: a report that waited for its
+    budget bases behind a stalled store thread held its usage up for the whole call's deadline, so its
+    records reached the spool late. The report is answered without the bases instead."""
+    config = basic_config({"a": mock_engine.url}, extra=OPS)
+    cluster = Cluster(tmp_path, postgres_url, free_port(), config, None, [])  # type: ignore[arg-type]
+    cluster.control = cluster.start_control()
+    try:
+        auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+        record = encode_record(
+            UsageRecord(
+                "held-up", time.time(), "p", "k", "chat", "a", 200, 1, 1, 0, 2, "reported", 0, 1.0, 1.0, None
+            )
+        )
+        with psycopg.connect(postgres_url, autocommit=True) as lock, ThreadPoolExecutor(1) as pool:
+            lock.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
+            in_hand = pool.submit(
+                httpx.post,
+                f"{cluster.admin_url}/cluster/usage",
+                content=b"[" + record + b"]",
+                headers=auth,
+                timeout=60,
+            )
+            time.sleep(0.5)  # the batch reaches the store thread, which then waits for the lock
+            report = httpx.post(
+                f"{cluster.admin_url}/cluster/report",
+                content=b'{"host": "held-up-host", "epoch": "e"}',
+                headers=auth,
+                timeout=5,  # the proxy host's own deadline is 10 s; before, this waited for the lock
+            )
+            assert report.status_code == 200
+            assert "budget_bases" not in report.json()
+            assert not in_hand.done()  # the store was still held up while the report was answered
+            lock.execute("SELECT pg_advisory_unlock(%s)", (WRITE_LOCK,))
+            assert in_hand.result().status_code == 200
+    finally:
+        cluster.stop()

@@ -15,8 +15,11 @@ serves to the proxy-role hosts of its cluster (``/cluster/``):
   them (each a ``bodies.stored.StoredBodies`` row); written idempotently by request id, answered
   ``{"accepted": n}``. A row that does not read fails the batch with 400.
 - ``POST /cluster/report``: a proxy host's health report (``fleet.host_report``), kept for the fleet view;
-  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``). A
-  report whose ``traffic`` is not request counts per scope gets 400 and is not kept.
+  answered with the host's shares of the rate limits for the next window (``fleet.Fleet.record``) and the
+  budgets' base spend from the store. A report whose ``traffic`` is not request counts per scope gets 400
+  and is not kept. The bases wait at most ``REPORT_BASES_WAIT`` for the store thread: behind a store that
+  fell behind, the report is answered without them (the host keeps the bases it has until a later report),
+  so that a proxy host, which reports, syncs and ships usage in turn, does not stall on the store.
 - ``GET /cluster/healthz``: ``{"status": "ok", "revision": …}``.
 
 And, without authentication, ``GET /metrics``: Prometheus text (``usage.metrics``), and the admin web UI's
@@ -65,6 +68,7 @@ _JSON = [("content-type", "application/json")]
 _ADMIN_HEADERS = [("x-content-type-options", "nosniff"), ("cache-control", "no-store")]
 MAX_USAGE_BODY = 64 * 1024 * 1024  # a proxy host's batch of usage records
 MAX_REPORT_BODY = 1024 * 1024  # a proxy host's health report
+REPORT_BASES_WAIT = 1.0  # seconds a report waits for its budget bases behind the store thread's work
 _T = TypeVar("_T")
 
 
@@ -170,7 +174,12 @@ class ClusterApp:
             if not isinstance(report, dict):
                 raise BadRequest("a report is a JSON object")
             answer = self.source.record_report(report)
-            bases = await _on(self.source.store_calls, self.source.budget_bases, report)
+            try:
+                bases = await asyncio.wait_for(
+                    _on(self.source.store_calls, self.source.budget_bases, report), REPORT_BASES_WAIT
+                )
+            except TimeoutError:  # the store thread is held up (a store behind): bases with a later report
+                bases = None
             if bases is not None:
                 answer["budget_bases"] = bases
             return 200, _JSON, orjson.dumps(answer)
