@@ -12,9 +12,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -546,6 +548,25 @@ def test_a_budget_counts_every_host(
     assert ask(second) == 402
 
 
+@contextmanager
+def held_up_store(
+    cluster: Cluster, postgres_url: str, record: bytes
+) -> Iterator[tuple[psycopg.Connection[Any], Future[httpx.Response]]]:
+    """The store falls behind: PostgreSQL's write lock held (release it with the connection given), and a
+    batch of ``record`` in the control plane's hands, waiting for it (its answer, the future given)."""
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    with psycopg.connect(postgres_url, autocommit=True) as lock, ThreadPoolExecutor(1) as pool:
+        lock.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
+        in_hand = pool.submit(
+            httpx.post,
+            f"{cluster.admin_url}/cluster/usage",
+            content=b"[" + record + b"]",
+            headers=auth,
+            timeout=60,
+        )
+        yield lock, in_hand
+
+
 def test_a_store_that_falls_behind_gets_batches_later_never_lost_nor_twice(
     tmp_path: Path, postgres_url: str, mock_engine: MockEngine
 ) -> None:
@@ -593,17 +614,7 @@ def test_a_store_that_falls_behind_gets_batches_later_never_lost_nor_twice(
                 None,
             )
         )
-        with psycopg.connect(postgres_url, autocommit=True) as lock, ThreadPoolExecutor(1) as pool:
-            # The store falls behind: its write lock held, the batch in its hands waits.
-            lock.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
-            in_hand = pool.submit(
-                httpx.post,
-                f"{cluster.admin_url}/cluster/usage",
-                content=b"[" + other + b"]",
-                headers=auth,
-                timeout=60,
-            )
-
+        with held_up_store(cluster, postgres_url, other) as (lock, in_hand):
             answers: list[httpx.Response] = []
 
             def refused() -> bool:
@@ -651,15 +662,7 @@ def test_a_report_is_answered_while_the_store_is_held_up(
                 "held-up", time.time(), "p", "k", "chat", "a", 200, 1, 1, 0, 2, "reported", 0, 1.0, 1.0, None
             )
         )
-        with psycopg.connect(postgres_url, autocommit=True) as lock, ThreadPoolExecutor(1) as pool:
-            lock.execute("SELECT pg_advisory_lock(%s)", (WRITE_LOCK,))
-            in_hand = pool.submit(
-                httpx.post,
-                f"{cluster.admin_url}/cluster/usage",
-                content=b"[" + record + b"]",
-                headers=auth,
-                timeout=60,
-            )
+        with held_up_store(cluster, postgres_url, record) as (lock, in_hand):
             time.sleep(0.5)  # the batch reaches the store thread, which then waits for the lock
             report = httpx.post(
                 f"{cluster.admin_url}/cluster/report",
