@@ -31,7 +31,7 @@ from gateway.controlplane.usage.sink import UsageSink
 from gateway.native import BucketTable, UsageRing, region_size, ring_region_size
 from gateway.shm.regions import RING_SLOT_BYTES
 from gateway.snapshot import Snapshot
-from gateway.usage_record import UsageRecord, encode_record
+from gateway.usage_record import RouteStep, UsageRecord, encode_record
 
 CONFIG = {
     "backends": [{"name": "a", "url": "http://127.0.0.1:9"}],
@@ -96,6 +96,30 @@ def records(n: int, offset: int) -> list[UsageRecord]:
     ]
 
 
+# The principal of the running bench's gateway (perf.targets' ``ACCOUNTED``): a day's budget, so that each
+# record it spends is added to its spend counters and checked against the budget's base.
+BUDGETED = {
+    **CONFIG,
+    "principals": [
+        {"name": "bench", "roles": ["user"], "budget": {"period": "day", "tokens": 10**12, "cost": 1e9}}
+    ],
+}
+
+
+def bench_records(n: int, offset: int, principal: str, key: str, counter: int) -> list[UsageRecord]:
+    """Records as the running bench's gateway writes them: the principal's budget counter named, and a
+    route trace of the one attempt (``--route-trace`` is on by default)."""
+    now = time.time()
+    return [
+        UsageRecord(
+            f"a1b2c3d4e5f60718{offset + i:08x}", now, principal, key, "chat", "a", 200, 22, 16, 0, 38,
+            "reported", 12900, 0.81, 0.62, [counter], None, 1, None, None, None,
+            [RouteStep.start("a", "m", 200)], None, None,
+        )  # fmt: skip
+        for i in range(n)
+    ]
+
+
 def ingestion(store: Store, total: int = 40_960, batch: int = 2048) -> tuple[float, float]:
     """Records per second through ``UsageStore.insert``, and this process's CPU µs per record (on
     PostgreSQL the server's own work is not in it: that is the control worker's share)."""
@@ -108,20 +132,30 @@ def ingestion(store: Store, total: int = 40_960, batch: int = 2048) -> tuple[flo
     return total / wall, cpu / total * 1e6
 
 
-def drain_us(settings: Settings, total: int = 40_960, batch: int = 2048) -> float:
+def drain_us(settings: Settings, total: int = 40_960, batch: int = 2048, *, budgeted: bool = False) -> float:
     """CPU µs per record of ``UsageSink.drain``: records pushed into a ring as proxy workers push them,
-    then read, decoded, written to the store and counted in the metrics, in batches of ``batch``."""
+    then read, decoded, written to the store and counted in the metrics, in batches of ``batch``.
+    ``budgeted``: the running bench's records (``bench_records``), whose principal has a budget, in
+    batches as two workers fill their rings between drains at about 17,000 requests a second."""
+    rings, slots = (2 if budgeted else 1), 1 << (2 * batch - 1).bit_length()
     ring = UsageRing.create_layout(
-        bytearray(ring_region_size(1, 2 * batch, RING_SLOT_BYTES)), 1, 2 * batch, RING_SLOT_BYTES
+        bytearray(ring_region_size(rings, slots, RING_SLOT_BYTES)), rings, slots, RING_SLOT_BYTES
     )
     table = BucketTable.create_layout(bytearray(region_size(1024)), 1024)
-    encoded = [encode_record(r) for r in records(total, 0)]
     spent = 0.0
     with open_store(settings) as store:
-        sink = UsageSink(store, ring, table, "bench")
+        sink = UsageSink(store, ring, table, "bench", recent=1000)
+        if budgeted:
+            store.apply_config(parse_config(BUDGETED, "bench"), actor="test")
+            doc = build_snapshot_doc(store)
+            sink.set_budgets(doc["principals"], doc.get("keys"))
+            made = bench_records(total, 0, next(iter(doc["principals"])), "k1", sink.bases[0].key)
+        else:
+            made = records(total, 0)
+        encoded = [encode_record(r) for r in made]
         for start in range(0, total, batch):
-            for data in encoded[start : start + batch]:
-                ring.push(0, data)
+            for i, data in enumerate(encoded[start : start + batch]):
+                ring.push(i % rings, data)
             began = time.process_time()
             while sink.drain():
                 pass
@@ -141,6 +175,9 @@ def ingestion_figures() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         cpu = drain_us(Settings(data_dir=Path(tmp)))
     rows.append(f"| control worker's drain, SQLite: ring, decode, store, metrics | | {cpu:.2f} |")
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu = drain_us(Settings(data_dir=Path(tmp)), batch=850, budgeted=True)
+    rows.append(f"| the same, the bench gateway's records (a budget, a route trace), SQLite | | {cpu:.2f} |")
     try:
         from tests.fixtures.postgres import PostgresServer, _bindir
     except ImportError:
@@ -163,6 +200,10 @@ def ingestion_figures() -> list[str]:
             settings = Settings(data_dir=Path(tmp), database=server.url(server.create_database()))
             cpu = drain_us(settings)
         rows.append(f"| control worker's drain, PostgreSQL (the server's CPU not counted) | | {cpu:.2f} |")
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = Settings(data_dir=Path(tmp), database=server.url(server.create_database()))
+            cpu = drain_us(settings, batch=850, budgeted=True)
+        rows.append(f"| the same, the bench gateway's records, PostgreSQL | | {cpu:.2f} |")
     finally:
         server.stop()
     return rows

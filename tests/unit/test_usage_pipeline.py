@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -403,6 +404,28 @@ def test_each_insert_writes_only_its_own_rows(store: Store) -> None:
         tx.execute("DELETE FROM usage_records WHERE request_id = ?", ("req-000001",))
         tx.insert_new("usage_records", NAMES, store.usage._key, [row(3)])
     assert sorted(r.request_id for r in store.usage.records()) == ["req-000002", "req-000003"]
+
+
+def test_an_insert_says_which_rows_were_new(store: Store) -> None:
+    """``returning``: the keys of exactly the rows inserted. All of them (SQLite's count of changes); some
+    already stored, one repeated within the batch, the table's last rows deleted before the batch (SQLite's
+    fallback, by rowid); more than one statement's rows (16)."""
+    key = store.usage._key
+
+    def keys(got: list[Any]) -> set[str]:
+        return {str(k[0]) for k in got}
+
+    with store._driver.transaction(write=True) as tx:
+        got = tx.insert_new("usage_records", NAMES, key, [row(i) for i in range(1, 21)], returning=True)
+    assert keys(got) == {f"req-{i:06d}" for i in range(1, 21)} and len(got) == 20
+    with store._driver.transaction(write=True) as tx:
+        tx.execute("DELETE FROM usage_records WHERE request_id IN (?, ?)", ("req-000019", "req-000020"))
+        batch = [row(i) for i in (3, 21, 5, 22, 21, 23, *range(24, 44), 7)]
+        got = tx.insert_new("usage_records", NAMES, key, batch, returning=True)
+    assert keys(got) == {f"req-{i:06d}" for i in range(21, 44)} and len(got) == 23
+    with store._driver.transaction(write=True) as tx:
+        assert tx.insert_new("usage_records", NAMES, key, [row(1), row(30)], returning=True) == []
+    assert store.usage.count() == 41
 
 
 def test_an_insert_after_a_rolled_back_one_still_writes(store: Store) -> None:

@@ -100,7 +100,8 @@ _BIND_ERRORS = (OverflowError, TypeError, ValueError, UnicodeEncodeError)
 # than once per row. Measured for the 24 columns of a usage record (perf/README, "Control plane"): SQLite
 # 3.2 -> 2.4 µs per row from 1 to 16 rows; 16 rows are 384 variables, far under SQLite's 32,766.
 _ROWS_PER_INSERT = 16
-_StatementKey = tuple[str, tuple[str, ...], str, int]  # table, columns, key, rows
+_StatementKey = tuple[str, tuple[str, ...], str, int]
+_MAX_ROWID = 2**63 - 1  # table, columns, key, rows
 
 
 def _insert_sql(table: str, columns: Sequence[str], key: str, rows: int) -> str:
@@ -141,27 +142,48 @@ class _SqliteTransaction:
     ) -> list[Any]:
         width = len(columns)
         values = list(chain.from_iterable(rows))
-        span = width * _ROWS_PER_INSERT
-        whole = len(values) - len(values) % span
-        inserted: list[Any] = []
+        conn = self._conn
         try:
-            if returning:  # executemany gives no rows back: one statement at a time
+            if not returning:
+                self._insert(table, columns, key, values)
+                return []
+            # Which rows were new: in the common case all of them, which the count of rows the statements
+            # inserted tells without a RETURNING (one statement per 16 rows, its rows fetched: 0.75 µs a
+            # usage row more than ``executemany``; a savepoint to undo the batch cost more). Otherwise
+            # the rows above the largest rowid before the batch: SQLite gives a new row the largest rowid
+            # plus one, and this transaction is the only writer. Only at the largest possible rowid does
+            # it pick rowids at random: then statement by statement with RETURNING.
+            top = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()[0] or 0
+            inserted: list[Any] = []
+            if top >= _MAX_ROWID:
+                span = width * _ROWS_PER_INSERT
                 for i in range(0, len(values), span):
                     part = values[i : i + span]
                     sql = self._statement(table, columns, key, len(part) // width) + f" RETURNING {key}"
-                    inserted += self._conn.execute(sql, part).fetchall()
+                    inserted += conn.execute(sql, part).fetchall()
                 return inserted
-            if whole:
-                sql = self._statement(table, columns, key, _ROWS_PER_INSERT)
-                self._conn.executemany(sql, [values[i : i + span] for i in range(0, whole, span)])
-            if whole < len(values):
-                sql = self._statement(table, columns, key, (len(values) - whole) // width)
-                self._conn.execute(sql, values[whole:])
-            return inserted
+            before = conn.total_changes
+            self._insert(table, columns, key, values)
+            if conn.total_changes - before == len(values) // width:
+                at = [columns.index(name.strip()) for name in key.split(",")]
+                return [tuple(values[i + j] for j in at) for i in range(0, len(values), width)]
+            return conn.execute(f"SELECT {key} FROM {table} WHERE rowid > ?", (top,)).fetchall()
         except sqlite3.Error as exc:
             raise _map_error(exc) from exc
         except _BIND_ERRORS as exc:
             raise StoreDataError(f"store refused a value: {type(exc).__name__}: {exc}") from exc
+
+    def _insert(self, table: str, columns: Sequence[str], key: str, values: list[Param]) -> None:
+        """``values`` (rows of ``columns``, one after another) in statements of ``_ROWS_PER_INSERT`` rows."""
+        width = len(columns)
+        span = width * _ROWS_PER_INSERT
+        whole = len(values) - len(values) % span
+        if whole:
+            sql = self._statement(table, columns, key, _ROWS_PER_INSERT)
+            self._conn.executemany(sql, [values[i : i + span] for i in range(0, whole, span)])
+        if whole < len(values):
+            sql = self._statement(table, columns, key, (len(values) - whole) // width)
+            self._conn.execute(sql, values[whole:])
 
     def _statement(self, table: str, columns: Sequence[str], key: str, rows: int) -> str:
         at = (table, tuple(columns), key, rows)
