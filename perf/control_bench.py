@@ -109,15 +109,11 @@ BUDGETED = {
 def bench_records(n: int, offset: int, principal: str, key: str, counter: int) -> list[UsageRecord]:
     """Records as the running bench's gateway writes them: the principal's budget counter named, and a
     route trace of the one attempt (``--route-trace`` is on by default)."""
-    now = time.time()
-    return [
-        UsageRecord(
-            f"a1b2c3d4e5f60718{offset + i:08x}", now, principal, key, "chat", "a", 200, 22, 16, 0, 38,
-            "reported", 12900, 0.81, 0.62, [counter], None, 1, None, None, None,
-            [RouteStep.start("a", "m", 200)], None, None,
-        )  # fmt: skip
-        for i in range(n)
-    ]
+    shape = (
+        time.time(), principal, key, "chat", "a", 200, 22, 16, 0, 38, "reported", 12900, 0.81, 0.62,
+        [counter], None, 1, None, None, None, [RouteStep.start("a", "m", 200)], None, None,
+    )  # fmt: skip
+    return [UsageRecord(f"a1b2c3d4e5f60718{offset + i:08x}", *shape) for i in range(n)]
 
 
 def ingestion(store: Store, total: int = 40_960, batch: int = 2048) -> tuple[float, float]:
