@@ -27,8 +27,9 @@ are never left out to fit: there are at most ``gateway.budget.MAX_BUDGETS`` of e
 Bounds (``bound_record``): what the control worker stores is checked first, since a record may carry any
 figure a proxy worker computed or a proxy host sent. Token counts and the cost are clamped into
 ``[0, MAX_FIGURE]``, the status and the attempts into ``[0, 2**31 - 1]`` (an SQL INTEGER), the latencies
-into ``[0, MAX_FIGURE]`` ms (NaN to 0); a record whose end time is not a finite number cannot be placed in
-any window and is refused (ValueError), for the caller to set aside.
+into ``[0, MAX_FIGURE]`` ms (NaN to 0), and a budget key list keeps only the entries that can name a live
+counter (integers in (0, 2**64); none left: None); a record whose end time is not a finite number cannot be
+placed in any window and is refused (ValueError), for the caller to set aside.
 """
 
 from __future__ import annotations
@@ -317,6 +318,17 @@ _FIGURES = tuple(
 )
 _SMALL = tuple(map(UsageRecord._fields.index, ("status", "attempts")))
 _TIMES = tuple(map(UsageRecord._fields.index, ("latency_ms", "ttfb_ms")))
+_COUNTERS = tuple(map(UsageRecord._fields.index, ("budget_keys", "key_budget_keys")))
+_U64 = 2**64
+
+
+def _live_counters(keys: Sequence[Any]) -> bool:
+    """Whether every entry of a budget key list can name a live spend counter: an integer in (0, 2**64).
+    The decoder checks only that the list is a list; the spend counters hash and compare its entries."""
+    if len(keys) == 1:  # the usual case: one budget per owner
+        key = keys[0]
+        return type(key) is int and 0 < key < _U64
+    return all(type(key) is int and 0 < key < _U64 for key in keys)
 
 
 def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
@@ -335,6 +347,8 @@ def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
         and 0.0 <= r.latency_ms <= _MS  # False for NaN
         and (r.ttfb_ms is None or 0.0 <= r.ttfb_ms <= _MS)
         and math.isfinite(r.ts)
+        and (r.budget_keys is None or _live_counters(r.budget_keys))
+        and (r.key_budget_keys is None or _live_counters(r.key_budget_keys))
     ):
         return record, ()
     if not math.isfinite(r.ts):
@@ -350,6 +364,12 @@ def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
         value = values[at]
         if value is not None and not 0.0 <= value <= _MS:
             values[at] = _MS if value > _MS else 0.0  # NaN and negative ones to 0
+            clamped.append(UsageRecord._fields[at])
+    for at in _COUNTERS:
+        keys = values[at]
+        if keys is not None and not _live_counters(keys):
+            # An entry no counter can have held no spend: the window's base counts the record instead.
+            values[at] = [k for k in keys if type(k) is int and 0 < k < _U64] or None
             clamped.append(UsageRecord._fields[at])
     return _new(UsageRecord, values), tuple(clamped)
 

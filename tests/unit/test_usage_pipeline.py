@@ -15,12 +15,16 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from gateway import native
 from gateway.budget import Budget, BudgetSet, period_window, window_key
 from gateway.config import Settings
 from gateway.controlplane.store import Store, StoreError, open_store
 from gateway.controlplane.usage.metrics import Metrics
+from gateway.controlplane.usage.otel import OtelExporter
+from gateway.controlplane.usage.requests_view import request_doc
 from gateway.controlplane.usage.sink import UsageSink
 from gateway.dataplane.accounting import Accounting, Exchange
 from gateway.dataplane.budgets import BudgetGuard
@@ -872,6 +876,87 @@ def test_a_record_the_store_refuses_is_set_aside_and_the_batch_goes_on(
     sink.write([rec(1), rec(2, model="bad\udc80"), rec(3, ts=float("inf")), rec(4)])
     assert (store.usage.count(), len(store.usage.rejected())) == (2, 2)
     assert 'gateway_usage_records_rejected_total{reason="refused"} 2' in sink.metrics.render({})
+
+
+def test_budget_keys_no_counter_can_have_are_dropped_and_flagged_never_fatal(
+    store: Store, ring: UsageRing, table: BucketTable
+) -> None:
+    """The decoder checks a budget key list only as a list. Entries no live counter can have (a list, a
+    string, an object, a float, a boolean, zero) once raised out of the spend counters and stopped the
+    drain at that record for good; now they are dropped from the list, the field is flagged, and the
+    record is stored and counted in the bases of the windows no counter it names holds."""
+    sink = UsageSink(store, ring, table, EPOCH)
+    sink.set_budgets(*windows_doc(), now=NOW)
+    day = window_key(EPOCH, "p1", "day", DAY[0])
+    month = window_key(EPOCH, "p1", "month", MONTH[0])
+    own = window_key(EPOCH, "key:k1", "day", DAY[0])
+    odd: list[list[object]] = [[[day]], ["x"], [{"k": day}], [1.5], [True], [0]]
+    for i, keys in enumerate(odd):
+        push(ring, 0, rec(i, budget_keys=keys, key_budget_keys=keys))  # type: ignore[arg-type]
+    push(ring, 0, rec(10, budget_keys=[day, "x"], key_budget_keys=[own, [own]]))  # type: ignore[list-item]
+    assert sink.drain() == 7 and ring.pending(0) == 0
+    stored = {r.request_id: r for r in store.usage.records()}
+    assert len(stored) == 7 and not store.usage.rejected()
+    assert all(
+        (stored[f"req-{i:06d}"].budget_keys, stored[f"req-{i:06d}"].key_budget_keys) == (None, None)
+        for i in range(6)
+    )
+    assert (stored["req-000010"].budget_keys, stored["req-000010"].key_budget_keys) == ([day], [own])
+    assert [f for _, _, f in store.usage.clamped()] == [("budget_keys", "key_budget_keys")] * 7
+    assert table.spend_parts(day) == (0, 0, 60, 6000)  # the six no live counter held
+    assert table.spend_parts(own) == (0, 0, 60, 6000)
+    assert table.spend_parts(month) == (0, 0, 70, 7000)  # none named the month's counter
+    spent = {s.owner_id: s.tokens for s in store.usage.spend(*DAY)}
+    assert spent == {"p1": 70}
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=7) | st.dictionaries(st.text(max_size=3), inner, max_size=2),
+    max_leaves=8,
+)
+_LISTS = st.none() | st.lists(_JSON, max_size=7)  # 5 span ids, 7 places of a sampled attempt
+
+
+def test_no_list_a_record_carries_stops_the_drain_or_what_reads_the_record(
+    store: Store, ring: UsageRing, table: BucketTable
+) -> None:
+    """The record's lists (its budget keys, route trace and span ids) with any JSON in them, on a principal
+    and a key with budgets: each record is stored or set aside exactly once, and the admin view and the
+    OpenTelemetry export of it do not raise (derandomised; 100 examples a store)."""
+    sink = UsageSink(store, ring, table, EPOCH, recent=4)
+    sink.set_budgets(*windows_doc(), now=NOW)
+    exporter = OtelExporter("http://127.0.0.1:9/v1/traces", "gateway", queue_limit=16)
+    made = iter(range(10**6))
+
+    def kept() -> int:
+        return store.usage.count() + len(store.usage.rejected(limit=10**6))
+
+    @settings(
+        max_examples=100,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    @given(_LISTS, _LISTS, _LISTS, _LISTS)
+    def check(budget_keys: Any, key_budget_keys: Any, trace: Any, span: Any) -> None:
+        r = rec(next(made), budget_keys=budget_keys, key_budget_keys=key_budget_keys, trace=trace, span=span)
+        data = encode_record(r)
+        assume(len(data) <= ring.max_record)
+        before = kept()
+        assert ring.push(0, data)
+        assert sink.drain() == 1 and ring.pending(0) == 0
+        assert kept() == before + 1
+        for seen in sink.recent.latest(1):
+            request_doc(seen)
+            exporter.encode([seen])
+
+    check()
 
 
 def test_a_nul_in_a_record_s_text_is_stored_or_set_aside_never_retried(

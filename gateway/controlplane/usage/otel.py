@@ -151,6 +151,7 @@ class OtelExporter:
         self.exported = 0  # spans the collector accepted
         self.dropped = 0  # spans lost: queue full, collector down or refusing
         self._failing = False
+        self._malformed = 0  # records left out because no span could be made of them (logged once)
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop run() exports on
         self._resource = Resource(attributes=[_kv("service.name", service_name)])
@@ -171,7 +172,28 @@ class OtelExporter:
             # The drain runs on the control worker's store thread: wake the exporting task through its loop.
             loop.call_soon_threadsafe(self._wake.set)
 
-    def encode(self, records: list[UsageRecord]) -> bytes:
+    def encode(self, records: list[UsageRecord]) -> tuple[bytes, int]:
+        """The export request of ``records``' spans, and how many spans it holds. A record no span can be
+        made of (its ids or its trace's entries are not what a proxy worker writes: the decoder checks
+        only that they are lists) is left out and its spans counted as dropped, found by encoding the
+        batch's records one at a time once the batch as a whole fails: it never stops the export."""
+        try:
+            return self._message(records), sum(map(span_count, records))
+        except Exception:  # any record, from any proxy host: one at a time below
+            good: list[UsageRecord] = []
+            for r in records:
+                try:
+                    self._message([r])
+                except Exception as exc:
+                    self.dropped += span_count(r)
+                    if not self._malformed:
+                        log.error("request %s left out of the OpenTelemetry export: %s", r.request_id, exc)
+                    self._malformed += 1
+                else:
+                    good.append(r)
+            return self._message(good), sum(map(span_count, good))
+
+    def _message(self, records: list[UsageRecord]) -> bytes:
         spans = [s for r in records for s in spans_of(r)]
         scope = ScopeSpans(scope=self._scope, spans=spans)
         message = ExportTraceServiceRequest(
@@ -185,7 +207,7 @@ class OtelExporter:
         batch = [self.queue.popleft() for _ in range(min(BATCH, len(self.queue)))]
         if not batch:
             return 0
-        spans = sum(map(span_count, batch))
+        content, spans = self.encode(batch)
         try:
             resp = await outbound.call(
                 client,
@@ -193,7 +215,7 @@ class OtelExporter:
                 self.endpoint,
                 deadline=DEADLINE,
                 limit=ANSWER_LIMIT,
-                content=self.encode(batch),
+                content=content,
                 headers={"content-type": "application/x-protobuf"},
                 timeout=DEADLINE,
             )

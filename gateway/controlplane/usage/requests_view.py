@@ -40,7 +40,10 @@ def attempts_doc(trace: list[Any] | None) -> list[dict[str, Any]]:
         if type(entry) is int:
             out.append({"omitted": entry})
             continue
-        backend, provider_model, outcome, ttfb, duration = (list(entry) + [None] * 5)[:5]
+        # Only a list is an attempt; anything else a record carried there reads as an attempt of nothing.
+        backend, provider_model, outcome, ttfb, duration = (
+            (entry if type(entry) is list else []) + [None] * 5
+        )[:5]
         status = outcome if type(outcome) is int else None
         item = {
             "backend": backend,
