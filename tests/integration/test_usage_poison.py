@@ -156,3 +156,61 @@ def test_a_hostile_cluster_batch_is_stored_clamped_or_set_aside(tmp_path: Path) 
         assert httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200
     finally:
         gw.stop()
+
+
+def test_a_cluster_batch_naming_counters_no_table_can_have_is_stored_and_counted(tmp_path: Path) -> None:
+    """A proxy host's batch for a principal with a budget whose records name budget keys no live counter
+    can have (a string, a list, an object, a float): before, they raised out of the spend counters, the
+    batch got a 500 on every retry and the host's spool stopped there. Now each record is stored once with
+    the field flagged, its spend is in the principal's window, and the batch after it goes in as usual."""
+    admin_port = free_port()
+    token = "t" * 32
+    env = {"GATEWAY_CLUSTER_TOKEN": token, "GATEWAY_HASH_KEY": "ab" * 32}
+    budget = (
+        '[[principals]]\nname = "team"\nroles = ["chatter"]\nbudget = { period = "day", tokens = 1000000 }\n'
+    )
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": "http://127.0.0.1:1"}, extra=budget),
+        workers=1,
+        extra=("--role", "control", "--admin-port", str(admin_port)),
+        env=env,
+        wait=False,
+    )
+    admin = f"http://127.0.0.1:{admin_port}"
+    auth = {"authorization": f"Bearer {token}"}
+    try:
+        wait_until(
+            lambda: httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200,
+            what="control plane",
+        )
+        with open_store(Settings(data_dir=gw.data_dir)) as store:
+            [team] = [p.id for p in store.principals() if p.name == "team"]
+        now = time.time()
+
+        def record(request_id: str, keys: object) -> list[object]:
+            fields = UsageRecord(
+                request_id, now, team, "k", "m", "b", 200, 3, 2, 0, 5, "reported", 50, 1.0, 1.0, None
+            )
+            values = list(orjson.loads(encode_record(fields)))
+            values[16] = keys  # budget_keys, after the version
+            return values
+
+        odd = [["x"], [[7]], [{"k": 7}], [1.5], [7, "x"]]
+        batch = [record(f"odd-{i}", keys) for i, keys in enumerate(odd)]
+        resp = httpx.post(admin + "/cluster/usage", content=orjson.dumps(batch), headers=auth, timeout=10)
+        assert resp.status_code == 200, resp.text
+        after = [record("after", [7])]
+        resp = httpx.post(admin + "/cluster/usage", content=orjson.dumps(after), headers=auth, timeout=10)
+        assert resp.status_code == 200, resp.text
+        with open_store(Settings(data_dir=gw.data_dir)) as store:
+            stored = {r.request_id: r for r in store.usage.records(limit=10)}
+            assert sorted(stored) == ["after", *(f"odd-{i}" for i in range(5))]
+            assert [stored[f"odd-{i}"].budget_keys for i in range(5)] == [None, None, None, None, [7]]
+            assert sorted(c[0] for c in store.usage.clamped(limit=10)) == [f"odd-{i}" for i in range(5)]
+            spent = {s.owner_id: s.tokens for s in store.usage.spend(now - 1, now + 1)}
+            assert spent == {team: 30}
+        assert not orjson.loads(gw.cli("usage", "rejected", "--json").stdout)["rejected"]
+        assert httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200
+    finally:
+        gw.stop()
