@@ -100,28 +100,41 @@ def test_usage_figures_no_column_holds_leave_the_gateway_serving(tmp_path: Path)
         upstream.stop()
 
 
+TOKEN = "t" * 32
+CLUSTER_AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def control_plane(tmp_path: Path, extra: str = "") -> tuple[Gateway, str]:
+    """A control-role gateway taking proxy hosts' batches (``POST /cluster/usage``), once it answers; and
+    its admin URL."""
+    admin_port = free_port()
+    gw = Gateway(
+        tmp_path,
+        basic_config({"a": "http://127.0.0.1:1"}, extra=extra),
+        workers=1,
+        extra=("--role", "control", "--admin-port", str(admin_port)),
+        env={"GATEWAY_CLUSTER_TOKEN": TOKEN, "GATEWAY_HASH_KEY": "ab" * 32},
+        wait=False,
+    )
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        wait_until(
+            lambda: httpx.get(admin + "/cluster/healthz", headers=CLUSTER_AUTH, timeout=2).status_code == 200,
+            what="control plane",
+        )
+    except BaseException:
+        gw.stop()
+        raise
+    return gw, admin
+
+
 def test_a_hostile_cluster_batch_is_stored_clamped_or_set_aside(tmp_path: Path) -> None:
     """What a remote proxy host (or anyone holding the cluster token) sends is not bounded by this host's
     proxies: figures past a signed 64-bit column, records of the wrong shape. The control plane stores the
     batch's good records, clamps and flags what no column holds, sets the rest aside, and goes on."""
-    admin_port = free_port()
-    token = "t" * 32
-    env = {"GATEWAY_CLUSTER_TOKEN": token, "GATEWAY_HASH_KEY": "ab" * 32}
-    gw = Gateway(
-        tmp_path,
-        basic_config({"a": "http://127.0.0.1:1"}),
-        workers=1,
-        extra=("--role", "control", "--admin-port", str(admin_port)),
-        env=env,
-        wait=False,
-    )
-    admin = f"http://127.0.0.1:{admin_port}"
-    auth = {"authorization": f"Bearer {token}"}
+    gw, admin = control_plane(tmp_path)
+    auth = CLUSTER_AUTH
     try:
-        wait_until(
-            lambda: httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200,
-            what="control plane",
-        )
         now = time.time()
 
         def record(request_id: str, prompt: int, cost: int) -> list[object]:
@@ -163,27 +176,12 @@ def test_a_cluster_batch_naming_counters_no_table_can_have_is_stored_and_counted
     can have (a string, a list, an object, a float): before, they raised out of the spend counters, the
     batch got a 500 on every retry and the host's spool stopped there. Now each record is stored once with
     the field flagged, its spend is in the principal's window, and the batch after it goes in as usual."""
-    admin_port = free_port()
-    token = "t" * 32
-    env = {"GATEWAY_CLUSTER_TOKEN": token, "GATEWAY_HASH_KEY": "ab" * 32}
     budget = (
         '[[principals]]\nname = "team"\nroles = ["chatter"]\nbudget = { period = "day", tokens = 1000000 }\n'
     )
-    gw = Gateway(
-        tmp_path,
-        basic_config({"a": "http://127.0.0.1:1"}, extra=budget),
-        workers=1,
-        extra=("--role", "control", "--admin-port", str(admin_port)),
-        env=env,
-        wait=False,
-    )
-    admin = f"http://127.0.0.1:{admin_port}"
-    auth = {"authorization": f"Bearer {token}"}
+    gw, admin = control_plane(tmp_path, budget)
+    auth = CLUSTER_AUTH
     try:
-        wait_until(
-            lambda: httpx.get(admin + "/cluster/healthz", headers=auth, timeout=2).status_code == 200,
-            what="control plane",
-        )
         with open_store(Settings(data_dir=gw.data_dir)) as store:
             [team] = [p.id for p in store.principals() if p.name == "team"]
         now = time.time()
