@@ -94,29 +94,48 @@ def add_new(tx: Transaction, records: Iterable[UsageRecord], periods: dict[str, 
     opening from the stored records the windows that have no rows yet."""
     deltas: dict[_WindowAt, _Delta] = {}
     principal_of: dict[str, str] = {}  # key owner -> a principal of its records, to narrow the opening
-    # Per period, the last window found: a batch's records end close together, and working a window out
-    # (a month's takes calendar arithmetic) for every record and period was a fifth of a batch's cost.
-    windows: dict[str, tuple[float, float]] = {}
+    # The records that spent something, summed by what decides where their spend goes (their principal,
+    # their key and the counters each names), with the earliest and latest end among them: a batch's
+    # records mostly share all four, so the windows are worked out once per group rather than per record
+    # and period (a month's takes calendar arithmetic).
+    groups: dict[tuple[Any, ...], list[Any]] = {}
     for r in records:
-        tokens, cost, ts = r.total_tokens, r.cost_nanos, r.ts
+        tokens, cost = r.total_tokens, r.cost_nanos
         if tokens <= 0 and cost <= 0:
             continue  # adds nothing; its window is opened by a record that does
-        key_owner = KEY_OWNER + r.key_id
-        for owner, held in ((r.principal_id, r.budget_keys), (key_owner, r.key_budget_keys)):
+        held, own, ts = r.budget_keys, r.key_budget_keys, r.ts
+        at = (r.principal_id, r.key_id, tuple(held) if held else None, tuple(own) if own else None)
+        group = groups.get(at)
+        if group is None:
+            groups[at] = [tokens, cost, ts, ts, [r]]
+            continue
+        group[0] += tokens
+        group[1] += cost
+        if ts < group[2]:
+            group[2] = ts
+        elif ts > group[3]:
+            group[3] = ts
+        group[4].append(r)
+    # Per period, the last window found: a batch's records end close together.
+    windows: dict[str, tuple[float, float]] = {}
+    for (principal, key_id, held, own), (tokens, cost, first, last, members) in groups.items():
+        key_owner = KEY_OWNER + key_id
+        if key_owner in periods:
+            principal_of.setdefault(key_owner, principal)
+        for owner, counters in ((principal, held), (key_owner, own)):
             for period in periods.get(owner, ()):
                 window = windows.get(period)
-                if window is None or not window[0] <= ts < window[1]:
-                    window = windows[period] = period_window(period, ts)
-                delta = deltas.get((owner, period, window[0]))
-                if delta is None:
-                    delta = deltas[(owner, period, window[0])] = _Delta(window[1])
-                delta.add(_TOTAL, tokens, cost)
-                if held:
-                    for key in set(held):  # a counter named twice held the record once
-                        if 0 < key < 2**64:
-                            delta.add(_signed(key), tokens, cost)
-        if key_owner in periods:
-            principal_of.setdefault(key_owner, r.principal_id)
+                if window is None or not window[0] <= first < window[1]:
+                    window = windows[period] = period_window(period, first)
+                if last < window[1]:  # every end in [first, last] is in this window
+                    _add(deltas, (owner, period, window[0]), window[1], counters, tokens, cost)
+                    continue
+                for r in members:  # the group straddles a window's end: each record in its own
+                    if not window[0] <= r.ts < window[1]:
+                        window = windows[period] = period_window(period, r.ts)
+                    _add(
+                        deltas, (owner, period, window[0]), window[1], counters, r.total_tokens, r.cost_nanos
+                    )
     if not deltas:
         return
     opened = _opened(tx, deltas)
@@ -139,6 +158,26 @@ def add_new(tx: Transaction, records: Iterable[UsageRecord], periods: dict[str, 
         "ELSE usage_spend.cost_nanos + excluded.cost_nanos END",
         rows,
     )
+
+
+def _add(
+    deltas: dict[_WindowAt, _Delta],
+    at: _WindowAt,
+    end: float,
+    counters: tuple[int, ...] | None,
+    tokens: int,
+    cost: int,
+) -> None:
+    """Spend to a window's total and to the part each live counter named held (a counter named twice
+    held it once)."""
+    delta = deltas.get(at)
+    if delta is None:
+        delta = deltas[at] = _Delta(end)
+    delta.add(_TOTAL, tokens, cost)
+    if counters:
+        for key in set(counters):
+            if 0 < key < 2**64:
+                delta.add(_signed(key), tokens, cost)
 
 
 def _opened(tx: Transaction, deltas: dict[_WindowAt, _Delta]) -> set[_WindowAt]:
