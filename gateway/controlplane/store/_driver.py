@@ -100,8 +100,8 @@ _BIND_ERRORS = (OverflowError, TypeError, ValueError, UnicodeEncodeError)
 # than once per row. Measured for the 24 columns of a usage record (perf/README, "Control plane"): SQLite
 # 3.2 -> 2.4 µs per row from 1 to 16 rows; 16 rows are 384 variables, far under SQLite's 32,766.
 _ROWS_PER_INSERT = 16
-_StatementKey = tuple[str, tuple[str, ...], str, int]
-_MAX_ROWID = 2**63 - 1  # table, columns, key, rows
+_StatementKey = tuple[str, tuple[str, ...], str, int]  # table, columns, key, rows
+_MAX_ROWID = 2**63 - 1  # SQLite's largest rowid: past it, new rows get rowids at random
 
 
 def _insert_sql(table: str, columns: Sequence[str], key: str, rows: int) -> str:
