@@ -49,6 +49,7 @@ __all__ = [
     "UsageRecord",
     "access_line",
     "bound_record",
+    "counter_key",
     "decode_record",
     "encode_record",
     "fit_record",
@@ -322,13 +323,18 @@ _COUNTERS = tuple(map(UsageRecord._fields.index, ("budget_keys", "key_budget_key
 _U64 = 2**64
 
 
+def counter_key(value: object) -> bool:
+    """Whether a budget key list's entry can name a live spend counter: an integer in (0, 2**64)."""
+    return type(value) is int and 0 < value < _U64
+
+
 def _live_counters(keys: Sequence[Any]) -> bool:
-    """Whether every entry of a budget key list can name a live spend counter: an integer in (0, 2**64).
-    The decoder checks only that the list is a list; the spend counters hash and compare its entries."""
-    if len(keys) == 1:  # the usual case: one budget per owner
+    """Whether every entry of a budget key list can name a live spend counter. The decoder checks only
+    that the list is a list; the spend counters hash and compare its entries."""
+    if len(keys) == 1:  # the usual case, one budget per owner: ``counter_key`` inline
         key = keys[0]
         return type(key) is int and 0 < key < _U64
-    return all(type(key) is int and 0 < key < _U64 for key in keys)
+    return all(map(counter_key, keys))
 
 
 def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
@@ -369,7 +375,7 @@ def bound_record(record: UsageRecord) -> tuple[UsageRecord, tuple[str, ...]]:
         keys = values[at]
         if keys is not None and not _live_counters(keys):
             # An entry no counter can have held no spend: the window's base counts the record instead.
-            values[at] = [k for k in keys if type(k) is int and 0 < k < _U64] or None
+            values[at] = list(filter(counter_key, keys)) or None
             clamped.append(UsageRecord._fields[at])
     return _new(UsageRecord, values), tuple(clamped)
 

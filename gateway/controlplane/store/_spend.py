@@ -30,7 +30,7 @@ import orjson
 
 from gateway.budget import KEY_OWNER, period_window
 from gateway.controlplane.store._driver import Param, Transaction
-from gateway.usage_record import UsageRecord
+from gateway.usage_record import UsageRecord, counter_key
 
 __all__ = ["WindowSpend", "add_new", "budgeted", "drop_ended", "drop_unbudgeted", "from_groups", "read"]
 
@@ -296,7 +296,7 @@ def _keys(text: object) -> list[int]:
         return []
     if not isinstance(value, list):
         return []
-    return list(dict.fromkeys(k for k in value if type(k) is int and 0 < k < 2**64))
+    return list(dict.fromkeys(filter(counter_key, value)))
 
 
 def _signed(key: int) -> int:
